@@ -1,0 +1,78 @@
+"""Command line: ``narwhal serve``, ``narwhal sim`` and ``narwhal --version``."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import sys
+from collections.abc import Sequence
+
+from narwhal import __version__
+
+
+def _parser() -> argparse.ArgumentParser:
+    from narwhal.sim import cli as sim_cli
+
+    parser = argparse.ArgumentParser(prog="narwhal", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"narwhal {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="run the router")
+    source = serve.add_mutually_exclusive_group(required=True)
+    source.add_argument("--config", help="YAML configuration file")
+    source.add_argument(
+        "--demo", action="store_true", help="run in front of simulated engines, no file needed"
+    )
+    serve.add_argument("--host", help="override listen.host")
+    serve.add_argument("--port", type=int, help="override listen.port")
+    serve.add_argument("--workers", type=int, default=1, help="worker processes on one port")
+    serve.add_argument("--demo-engines", type=int, default=2, help=argparse.SUPPRESS)
+    serve.add_argument("--log-level", default="warning")
+
+    sim = commands.add_parser("sim", help="run a simulated vLLM engine")
+    sim_cli.add_arguments(sim)
+    return parser
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from narwhal.config import ConfigError, Listen, demo_config, load_config
+    from narwhal.serve import serve, start_demo_engines, stop_processes
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    procs = []
+    extra = ""
+    try:
+        if args.demo:
+            procs, urls = start_demo_engines(args.demo_engines)
+            config = demo_config(urls)
+            extra = f"; demo engines: {' '.join(urls)}"
+        else:
+            config = load_config(args.config)
+    except (ConfigError, OSError) as exc:
+        print(f"narwhal: {exc}", file=sys.stderr)
+        stop_processes(procs)
+        return 2
+    if args.host is not None or args.port is not None:
+        listen = Listen(
+            host=args.host if args.host is not None else config.listen.host,
+            port=args.port if args.port is not None else config.listen.port,
+        )
+        config = dataclasses.replace(config, listen=listen)
+    try:
+        return serve(config, workers=args.workers, extra=extra)
+    finally:
+        stop_processes(procs)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "serve":
+        return _serve(args)
+    from narwhal.sim import cli as sim_cli
+
+    return sim_cli.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,540 @@
+"""HTTP/1.1 server: one asyncio Protocol per connection, parsing with httptools.
+
+The protocol object is both the ``asyncio.Protocol`` and the httptools callback sink.
+Callbacks never await: they record, start a task, or arm a timer. Each request/response
+exchange is a small :class:`Responder`. Pipelined requests are answered strictly in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import httptools
+
+from narwhal.server.flow_control import FlowControl
+from narwhal.server.responses import STATUS_LINES
+
+Headers = Sequence[tuple[bytes, bytes]]
+
+_CHUNK_END = b"0\r\n\r\n"
+_KEEP_ALIVE = b"connection: keep-alive\r\n"
+_CLOSE = b"connection: close\r\n"
+_MAX_PIPELINED = 32
+
+
+@dataclass(frozen=True, slots=True)
+class ServerLimits:
+    """HTTP-layer limits (from ``serving`` in the configuration)."""
+
+    header_timeout_s: float = 10.0
+    keepalive_timeout_s: float = 5.0
+    max_header_bytes: int = 65536
+    max_headers: int = 100
+    max_request_bytes: int = 1048576
+    write_buffer_high_bytes: int = 262144
+
+
+class EarlyResponse(Exception):
+    """Raised by ``App.on_headers`` to answer before the body is read (e.g. 413, 429)."""
+
+    def __init__(self, status: int, body: bytes, headers: Headers = (), close: bool = False):
+        super().__init__(status)
+        self.status = status
+        self.body = body
+        self.headers = headers
+        self.close = close
+
+
+class Request:
+    """One parsed HTTP request."""
+
+    __slots__ = (
+        "arrival",
+        "body",
+        "body_parts",
+        "body_size",
+        "early",
+        "headers",
+        "keep_alive",
+        "method",
+        "path",
+        "query",
+        "state",
+    )
+
+    def __init__(self, method: str, path: str, query: str, headers: dict[str, str], arrival: float):
+        self.method = method
+        self.path = path
+        self.query = query
+        self.headers = headers
+        self.arrival = arrival
+        self.body = b""
+        self.body_parts: list[bytes] = []
+        self.body_size = 0
+        self.keep_alive = True
+        self.state: Any = None
+        self.early: EarlyResponse | None = None
+
+
+class App(Protocol):
+    """What the server needs from the application."""
+
+    def on_headers(self, request: Request) -> None:
+        """Called when headers are complete; may raise EarlyResponse."""
+
+    def on_body_too_large(self, request: Request) -> EarlyResponse:
+        """A body (chunked, or lying about its length) crossed ``max_request_bytes``."""
+
+    def on_abandon(self, request: Request) -> None:
+        """The client left before the request's handler started (mid-upload or pipelined)."""
+
+    def handle(self, request: Request, responder: Responder) -> Awaitable[None]:
+        """Answer the request through the responder."""
+
+
+class Responder:
+    """The response side of one exchange."""
+
+    __slots__ = (
+        "_conn",
+        "_head",
+        "_keep_alive",
+        "complete",
+        "disconnected",
+        "on_disconnect",
+        "started",
+    )
+
+    def __init__(self, conn: HttpProtocol, keep_alive: bool):
+        self._conn = conn
+        self._keep_alive = keep_alive
+        self._head: bytes | None = None
+        self.started = False
+        self.complete = False
+        self.disconnected = False
+        self.on_disconnect: Callable[[], None] | None = None
+
+    # -- whole responses -------------------------------------------------------------------
+    def send(
+        self,
+        status: int,
+        body: bytes,
+        headers: Headers = (),
+        content_type: bytes = b"application/json",
+    ) -> None:
+        if self.started:
+            raise RuntimeError("response already started")
+        self.started = True
+        self.complete = True
+        conn = self._conn
+        if self.disconnected:
+            conn.exchange_done(self)
+            return
+        parts = [
+            STATUS_LINES[status],
+            b"content-type: ",
+            content_type,
+            b"\r\ncontent-length: ",
+            str(len(body)).encode(),
+            b"\r\n",
+        ]
+        for name, value in headers:
+            parts += (name, b": ", value, b"\r\n")
+        parts += (_KEEP_ALIVE if self._keep_alive else _CLOSE, b"\r\n", body)
+        conn.transport_write(b"".join(parts))
+        conn.exchange_done(self)
+
+    # -- streamed responses ----------------------------------------------------------------
+    def start(
+        self,
+        status: int,
+        headers: Headers = (),
+        content_type: bytes = b"text/event-stream; charset=utf-8",
+    ) -> None:
+        """Begin a chunked response; the head goes out with the first :meth:`write`."""
+        if self.started:
+            raise RuntimeError("response already started")
+        self.started = True
+        parts = [STATUS_LINES[status], b"content-type: ", content_type, b"\r\n"]
+        for name, value in headers:
+            parts += (name, b": ", value, b"\r\n")
+        parts += (
+            b"cache-control: no-cache\r\ntransfer-encoding: chunked\r\n",
+            _KEEP_ALIVE if self._keep_alive else _CLOSE,
+            b"\r\n",
+        )
+        self._head = b"".join(parts)
+
+    def write(self, data: bytes) -> None:
+        """Send one chunk (all the output of one engine read, coalesced)."""
+        if not data or self.disconnected:
+            return
+        chunk = b"%x\r\n%b\r\n" % (len(data), data)
+        head, self._head = self._head, None
+        self._conn.transport_write(head + chunk if head is not None else chunk)
+
+    def end(self) -> None:
+        if self.complete:
+            return
+        self.complete = True
+        if not self.disconnected:
+            head, self._head = self._head, None
+            self._conn.transport_write(head + _CHUNK_END if head is not None else _CHUNK_END)
+        self._conn.exchange_done(self)
+
+    # -- flow control and failure ----------------------------------------------------------
+    @property
+    def write_paused(self) -> bool:
+        return self._conn.flow.write_paused
+
+    def set_flow_listener(
+        self, on_pause: Callable[[], None] | None, on_resume: Callable[[], None] | None
+    ) -> None:
+        self._conn.flow.set_listener(on_pause, on_resume)
+
+    async def drain(self) -> None:
+        await self._conn.flow.drain()
+
+    def abort(self) -> None:
+        """Close the connection now (used when a streamed response cannot be finished)."""
+        self.complete = True
+        self._conn.close()
+
+    def _lost(self) -> None:
+        self.disconnected = True
+        callback, self.on_disconnect = self.on_disconnect, None
+        if callback is not None:
+            callback()
+
+
+class HttpProtocol(asyncio.Protocol):
+    """One client connection."""
+
+    def __init__(self, server: HttpServer):
+        # shared
+        self.server = server
+        self.app = server.app
+        self.loop = server.loop
+        self.limits = server.limits
+        # per connection
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpRequestParser(self)
+        self.flow = FlowControl()
+        self.pending: deque[Request] = deque()
+        self.active: Responder | None = None
+        self.active_task: asyncio.Task[None] | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.closing = False
+        self.reading_paused = False
+        # per request (being parsed)
+        self.url = b""
+        self.header_list: list[tuple[bytes, bytes]] = []
+        self.header_bytes = 0
+        self.current: Request | None = None
+        self.discarding = False
+
+    # -- asyncio.Protocol --------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+        high = self.limits.write_buffer_high_bytes
+        transport.set_write_buffer_limits(high=high, low=high // 4)
+        self.server.connections.add(self)
+        self._arm(self.limits.keepalive_timeout_s)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closing = True
+        self.server.connections.discard(self)
+        self._disarm()
+        self.flow.release()
+        if self.current is not None:
+            self.app.on_abandon(self.current)
+            self.current = None
+        while self.pending:
+            self.app.on_abandon(self.pending.popleft())
+        active = self.active
+        if active is not None and not active.complete:
+            active._lost()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._fail(400, "Protocol upgrades are not supported")
+        except httptools.HttpParserError:
+            if self.discarding:
+                return
+            self._fail(400, "Malformed HTTP request")
+
+    def eof_received(self) -> bool | None:
+        return None
+
+    def pause_writing(self) -> None:
+        self.flow.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.flow.resume_writing()
+
+    # -- httptools callbacks ---------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        self.url = b""
+        self.header_list = []
+        self.header_bytes = 0
+        if self.active is None and not self.pending:
+            self._arm(self.limits.header_timeout_s)
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+        self.header_bytes += len(url)
+        if self.header_bytes > self.limits.max_header_bytes:
+            self._fail(431, "Request line and headers are too large")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.header_bytes += len(name) + len(value) + 4
+        self.header_list.append((name, value))
+        if self.header_bytes > self.limits.max_header_bytes:
+            self._fail(431, "Request headers are too large")
+        elif len(self.header_list) > self.limits.max_headers:
+            self._fail(431, "Too many request headers")
+
+    def on_headers_complete(self) -> None:
+        if self.closing:
+            return
+        if self.active is None and not self.pending:
+            self._disarm()
+        parsed = httptools.parse_url(self.url)
+        headers: dict[str, str] = {}
+        for name, value in self.header_list:
+            key = name.decode("latin-1").lower()
+            text = value.decode("latin-1")
+            headers[key] = f"{headers[key]}, {text}" if key in headers else text
+        request = Request(
+            self.parser.get_method().decode("ascii", "replace"),
+            parsed.path.decode("latin-1"),
+            (parsed.query or b"").decode("latin-1"),
+            headers,
+            self.loop.time(),
+        )
+        request.keep_alive = self.parser.should_keep_alive()
+        self.current = request
+        try:
+            self.app.on_headers(request)
+        except EarlyResponse as early:
+            request.early = early
+            if early.close:
+                # The body will not be read: answer (in order), stop parsing, close.
+                request.keep_alive = False
+                self._complete_request(request)
+                self.discarding = True
+                self.current = None
+                if self.transport is not None:
+                    self.transport.pause_reading()
+                return
+            # Otherwise the (bounded) body is read and dropped, and the answer goes out in
+            # order when the message completes, keeping the connection usable.
+        if headers.get("expect", "").lower() == "100-continue" and self.active is None:
+            self.transport_write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def on_body(self, body: bytes) -> None:
+        request = self.current
+        if request is None or self.discarding:
+            return
+        request.body_size += len(body)
+        if request.body_size > self.limits.max_request_bytes and request.early is None:
+            request.early = self.app.on_body_too_large(request)
+            request.keep_alive = False
+            request.body_parts = []
+            self._complete_request(request)
+            self.discarding = True
+            self.current = None
+            if self.transport is not None:
+                self.transport.pause_reading()
+            return
+        if request.early is None:
+            request.body_parts.append(body)
+
+    def on_message_complete(self) -> None:
+        request = self.current
+        if request is None or self.discarding:
+            return
+        self.current = None
+        parts = request.body_parts
+        request.body = parts[0] if len(parts) == 1 else b"".join(parts)
+        request.body_parts = []
+        self._complete_request(request)
+
+    # -- exchanges -------------------------------------------------------------------------
+    def _complete_request(self, request: Request) -> None:
+        if self.active is None:
+            self._run(request)
+        else:
+            self.pending.append(request)
+            if len(self.pending) >= _MAX_PIPELINED and self.transport is not None:
+                self.transport.pause_reading()
+                self.reading_paused = True
+
+    def _run(self, request: Request) -> None:
+        self._disarm()
+        keep_alive = request.keep_alive and not self.closing and not self.server.draining
+        responder = Responder(self, keep_alive)
+        self.active = responder
+        early = request.early
+        if early is not None:
+            responder.send(early.status, early.body, early.headers)
+            return
+        self.active_task = self.loop.create_task(self._handle(request, responder))
+
+    async def _handle(self, request: Request, responder: Responder) -> None:
+        try:
+            await self.app.handle(request, responder)
+        except Exception:  # a bug in a handler must not leave the client hanging
+            self.server.log_exception(request)
+            if not responder.started:
+                responder.send(
+                    500,
+                    b'{"error":{"message":"Internal router error","type":"internal_error",'
+                    b'"param":null,"code":null}}',
+                )
+            else:
+                responder.abort()
+        finally:
+            if not responder.complete:
+                responder.abort()
+
+    def exchange_done(self, responder: Responder) -> None:
+        if responder is not self.active:
+            return
+        self.active = None
+        self.active_task = None
+        if not responder._keep_alive:
+            self.close()
+            return
+        if self.pending:
+            self._run(self.pending.popleft())
+            if self.reading_paused and len(self.pending) < _MAX_PIPELINED // 2:
+                self.reading_paused = False
+                if self.transport is not None and not self.discarding:
+                    self.transport.resume_reading()
+        elif not self.closing:
+            self._arm(self.limits.keepalive_timeout_s)
+
+    # -- helpers ---------------------------------------------------------------------------
+    def transport_write(self, data: bytes) -> None:
+        if self.transport is not None and not self.closing:
+            self.transport.write(data)
+
+    def _fail(self, status: int, message: str) -> None:
+        """An HTTP-level error: answer (in order, if possible) and close."""
+        if self.closing:
+            return
+        if self.current is not None:
+            self.app.on_abandon(self.current)
+            self.current = None
+        self.discarding = True
+        if self.active is None and not self.pending:
+            from narwhal.server.responses import error_body
+
+            code = "header_too_large" if status == 431 else "bad_request"
+            body = error_body(message, "invalid_request_error", None, code)
+            self.transport_write(
+                b"".join(
+                    (
+                        STATUS_LINES[status],
+                        b"content-type: application/json\r\ncontent-length: ",
+                        str(len(body)).encode(),
+                        b"\r\nconnection: close\r\n\r\n",
+                        body,
+                    )
+                )
+            )
+        self.close()
+
+    def _arm(self, delay: float) -> None:
+        self._disarm()
+        self.timer = self.loop.call_later(delay, self._timeout)
+
+    def _disarm(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _timeout(self) -> None:
+        self.timer = None
+        if self.active is None and not self.pending:
+            self.close()
+
+    def close(self) -> None:
+        if self.transport is not None and not self.closing:
+            self.closing = True
+            self.transport.close()
+
+    def shutdown(self) -> None:
+        """Graceful shutdown: close when idle; an active exchange finishes first."""
+        if self.active is None and not self.pending:
+            self.close()
+
+
+class HttpServer:
+    """Listening sockets and the set of live connections."""
+
+    def __init__(
+        self,
+        app: App,
+        limits: ServerLimits,
+        loop: asyncio.AbstractEventLoop,
+        log_exception: Callable[[Request], None] | None = None,
+    ):
+        self.app = app
+        self.limits = limits
+        self.loop = loop
+        self.connections: set[HttpProtocol] = set()
+        self.draining = False
+        self._servers: list[asyncio.AbstractServer] = []
+        self._log_exception = log_exception
+
+    def log_exception(self, request: Request) -> None:
+        if self._log_exception is not None:
+            self._log_exception(request)
+
+    async def listen(
+        self, host: str, port: int, *, reuse_port: bool = False, sock: socket.socket | None = None
+    ) -> int:
+        """Start listening; returns the bound port."""
+        if sock is not None:
+            server = await self.loop.create_server(lambda: HttpProtocol(self), sock=sock)
+        else:
+            server = await self.loop.create_server(
+                lambda: HttpProtocol(self), host, port, reuse_port=reuse_port or None, backlog=4096
+            )
+        self._servers.append(server)
+        bound: int = server.sockets[0].getsockname()[1]
+        return bound
+
+    def stop_accepting(self) -> None:
+        self.draining = True
+        for server in self._servers:
+            server.close()
+
+    async def shutdown(self, grace_s: float) -> None:
+        """Stop accepting, let in-flight exchanges finish within ``grace_s``, then close."""
+        self.stop_accepting()
+        for conn in list(self.connections):
+            conn.shutdown()
+        deadline = self.loop.time() + grace_s
+        while self.connections and self.loop.time() < deadline:
+            for conn in list(self.connections):
+                conn.shutdown()
+            await asyncio.sleep(0.05)
+        for conn in list(self.connections):
+            conn.close()
