@@ -1,0 +1,96 @@
+"""What a configuration key may hold: the per-field Rule, the value checks, and ConfigError."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+MAX_ENGINES = 256
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_ENGINE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message names each bad key (dotted path) and its value."""
+
+    def __init__(self, source: str, problems: Sequence[tuple[str, str]]) -> None:
+        self.source = source
+        self.problems = tuple(problems)
+        lines = [f"{key}: {text}" if key else text for key, text in self.problems]
+        if len(lines) == 1:
+            message = f"{source}: {lines[0]}"
+        else:
+            message = f"{source}: {len(lines)} problems:\n  " + "\n  ".join(lines)
+        super().__init__(message)
+
+    @property
+    def key(self) -> str:
+        """Dotted path of the first bad key ("" when the problem is the whole document)."""
+        return self.problems[0][0] if self.problems else ""
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """How one key is checked: its kind, bounds, allowed values and extra string check."""
+
+    kind: type  # int, float, str, or a section dataclass
+    required: bool = False
+    optional: bool = False  # null allowed (means "not set")
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    choices: tuple[str, ...] = ()
+    check: Callable[[str], str | None] | None = None  # returns a problem, or None
+    many: bool = False  # a non-empty list of `kind` sections
+    max_items: int | None = None
+
+
+def rule(kind: type, **kw: Any) -> dict[str, Rule]:
+    """Field metadata carrying the key's Rule: ``field(default=..., metadata=rule(int, ge=1))``."""
+    return {"rule": Rule(kind, **kw)}
+
+
+def env_name(value: str) -> str | None:
+    """An environment variable name."""
+    return None if _ENV_NAME.fullmatch(value) else "must be an environment variable name"
+
+
+def engine_name(value: str) -> str | None:
+    """A name safe in URL paths and metric labels."""
+    if _ENGINE_NAME.fullmatch(value):
+        return None
+    return "must be 1-64 letters, digits, '.', '_' or '-' (it appears in URLs and metrics)"
+
+
+def wave_name(value: str) -> str | None:
+    """Any wave name but the reserved ``*``."""
+    return "'*' is reserved (it means every wave)" if value == "*" else None
+
+
+def engine_url(value: str) -> str | None:
+    """``http://host:port`` and nothing more."""
+    try:
+        parts = urlsplit(value)
+        port = parts.port
+    except ValueError as exc:
+        return f"is not a valid URL ({exc})"
+    if parts.scheme == "https":
+        return "https engines are not supported yet; give the engine's plain http:// address"
+    if parts.scheme != "http" or not parts.hostname:
+        return "must be http://host:port"
+    if not port:
+        return "must name the port, 1-65535 (http://host:port)"
+    if parts.path not in ("", "/") or parts.query or parts.fragment or parts.username:
+        return "must be http://host:port with no path, query or credentials"
+    return None
+
+
+def lease_url(value: str) -> str | None:
+    """A Redis connection URL."""
+    if urlsplit(value).scheme in ("redis", "rediss", "unix"):
+        return None
+    return "must be a redis://, rediss:// or unix:// URL"

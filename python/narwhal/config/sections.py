@@ -1,0 +1,163 @@
+"""The configuration's sections as frozen dataclasses: every key, its default and its Rule."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Literal, get_args
+from urllib.parse import urlsplit
+
+from narwhal.config.schema import (
+    MAX_ENGINES,
+    engine_name,
+    engine_url,
+    env_name,
+    lease_url,
+    rule,
+    wave_name,
+)
+
+Dialect = Literal["vllm", "sglang", "openai"]
+EngineRole = Literal["mixed", "prefill", "decode"]
+AdmissionMode = Literal["open", "predictive"]
+HARole = Literal["active", "standby"]
+LeaseBackend = Literal["none", "redis"]
+
+DEMO_MODEL = "narwhal-demo"
+
+
+def _secret(env: str | None) -> str | None:
+    return (os.environ.get(env) or None) if env else None
+
+
+@dataclass(frozen=True, slots=True)
+class Listen:
+    """Where the router accepts client connections."""
+
+    host: str = field(default="127.0.0.1", metadata=rule(str))
+    port: int = field(default=8000, metadata=rule(int, ge=0, le=65535))
+
+
+@dataclass(frozen=True, slots=True)
+class Serving:
+    """HTTP serving limits and timeouts."""
+
+    max_request_bytes: int = field(default=1048576, metadata=rule(int, ge=1))
+    http_retention_limit: int = field(default=4096, metadata=rule(int, ge=1))
+    request_timeout_s: float = field(default=600.0, metadata=rule(float, gt=0))
+    header_timeout_s: float = field(default=10.0, metadata=rule(float, gt=0))
+    max_header_bytes: int = field(default=65536, metadata=rule(int, ge=1))
+    max_headers: int = field(default=100, metadata=rule(int, ge=1))
+    keepalive_timeout_s: float = field(default=5.0, metadata=rule(float, gt=0))
+    shutdown_grace_s: float = field(default=30.0, metadata=rule(float, ge=0))
+    write_buffer_high_bytes: int = field(default=262144, metadata=rule(int, ge=1))
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """Admission policy: open, or predictive against a TTFT budget."""
+
+    # "open" until the learned latency model lands; then the default becomes "predictive".
+    mode: AdmissionMode = field(default="open", metadata=rule(str, choices=get_args(AdmissionMode)))
+    queue_limit: int = field(default=1024, metadata=rule(int, ge=0))
+    max_wait_s: float = field(default=10.0, metadata=rule(float, gt=0))
+    ttft_budget_s: float = field(default=2.0, metadata=rule(float, gt=0))
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """One inference engine behind the router."""
+
+    name: str = field(metadata=rule(str, required=True, check=engine_name))
+    url: str = field(metadata=rule(str, required=True, check=engine_url))
+    dialect: Dialect = field(default="vllm", metadata=rule(str, choices=get_args(Dialect)))
+    role: EngineRole = field(default="mixed", metadata=rule(str, choices=get_args(EngineRole)))
+    wave: str = field(default="default", metadata=rule(str, check=wave_name))
+    max_prefill: int = field(default=16, metadata=rule(int, ge=1))
+    max_decode: int = field(default=256, metadata=rule(int, ge=1))
+    api_key_env: str | None = field(default=None, metadata=rule(str, optional=True, check=env_name))
+    weight: float = field(default=1.0, metadata=rule(float, gt=0))
+
+    @property
+    def host(self) -> str:
+        """Host part of ``url`` (an IPv6 literal without its brackets)."""
+        return urlsplit(self.url).hostname or ""
+
+    @property
+    def port(self) -> int:
+        """Port part of ``url``."""
+        return urlsplit(self.url).port or 0
+
+    @property
+    def api_key(self) -> str | None:
+        """The key in the environment variable ``api_key_env``; None when unset or empty."""
+        return _secret(self.api_key_env)
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    """Engine probing and the monitoring-degraded threshold."""
+
+    interval_s: float = field(default=1.0, metadata=rule(float, gt=0))
+    timeout_s: float = field(default=1.0, metadata=rule(float, gt=0))
+    failures_to_evict: int = field(default=3, metadata=rule(int, ge=1))
+    successes_to_restore: int = field(default=2, metadata=rule(int, ge=1))
+    monitoring_stale_s: float = field(default=10.0, metadata=rule(float, gt=0))
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """The HA lease store: none, or Redis."""
+
+    backend: LeaseBackend = field(
+        default="none", metadata=rule(str, choices=get_args(LeaseBackend))
+    )
+    url: str | None = field(default=None, metadata=rule(str, optional=True, check=lease_url))
+    key: str = field(default="narwhal:lease", metadata=rule(str))
+    ttl_s: float = field(default=5.0, metadata=rule(float, gt=0))
+
+
+@dataclass(frozen=True, slots=True)
+class HA:
+    """High availability: this instance's starting role and its lease."""
+
+    role: HARole = field(default="active", metadata=rule(str, choices=get_args(HARole)))
+    lease: Lease = field(default_factory=Lease, metadata=rule(Lease))
+
+
+@dataclass(frozen=True, slots=True)
+class Admin:
+    """Admin routes: on only while the named environment variable holds a token."""
+
+    token_env: str | None = field(default=None, metadata=rule(str, optional=True, check=env_name))
+
+    @property
+    def token(self) -> str | None:
+        """The bearer token; None (admin routes off) when the variable is unset or empty."""
+        return _secret(self.token_env)
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """The whole configuration."""
+
+    model: str = field(metadata=rule(str, required=True))
+    listen: Listen = field(default_factory=Listen, metadata=rule(Listen))
+    serving: Serving = field(default_factory=Serving, metadata=rule(Serving))
+    admission: Admission = field(default_factory=Admission, metadata=rule(Admission))
+    engines: tuple[EngineConfig, ...] = field(
+        default=(), metadata=rule(EngineConfig, required=True, many=True, max_items=MAX_ENGINES)
+    )
+    health: Health = field(default_factory=Health, metadata=rule(Health))
+    ha: HA = field(default_factory=HA, metadata=rule(HA))
+    admin: Admin = field(default_factory=Admin, metadata=rule(Admin))
+    tokenizer: str | None = field(default=None, metadata=rule(str, optional=True))
+    state_file: str | None = field(default=None, metadata=rule(str, optional=True))
+
+    def missing_secrets(self) -> tuple[str, ...]:
+        """Engine key variables the file names but the environment leaves unset or empty."""
+        return tuple(
+            f"engines[{i}].api_key_env: {e.api_key_env} is unset or empty"
+            for i, e in enumerate(self.engines)
+            if e.api_key_env is not None and e.api_key is None
+        )
