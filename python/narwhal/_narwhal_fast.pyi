@@ -1,3 +1,86 @@
 """Typed stubs for the Rust extension narwhal._narwhal_fast (checked with mypy.stubtest)."""
 
+import os
+from typing import Any, final
+
 __version__: str
+
+# --- accounting board (rust/narwhal_core/src/counters.rs) --------------------------------
+
+@final
+class Board:
+    """Counters, gauges, histograms and slots; private, or a shared /dev/shm file.
+
+    path None: private to this process. path given: create=True makes a fresh file
+    (replacing a stale one; the parent, before starting workers), create=False attaches
+    to it (each worker) and checks magic, layout version, size and engine count.
+    Raises OSError (file) or ValueError (layout, engines outside 1..65536).
+    """
+
+    def __new__(
+        cls, engines: int = 256, path: str | os.PathLike[str] | None = None, create: bool = True
+    ) -> Board: ...
+    def arrive(self, retention_limit: int) -> tuple[Ticket, bool]:
+        """One offered request: offered += 1 and retained += 1, atomically. The bool:
+        whether it took a retention place (fewer than retention_limit admitted requests
+        were retained); either way the ticket is retained until finished."""
+    def acquire_slot(self, engine: int, phase: str, limit: int) -> Slot | None:
+        """phase "prefill" | "decode": a slot if fewer than limit are in flight on the
+        engine (checked and taken atomically across processes), else None."""
+    def set_engine_up(self, engine: int, up: bool) -> None: ...
+    def observe(self, histogram: str, value: float) -> None:
+        """histogram: "ttft" | "tpot" | "queue_wait" | "e2e" | "output_tokens" (seconds or
+        tokens). ValueError on an unknown name or a non-finite value."""
+    def snapshot(self) -> dict[str, Any]:
+        """The board at one instant (counters, reasons and engines read under the lock):
+        offered, unsized_offered, offered_prompt_tokens, retained, retention_held, queued,
+        cancelled, completed: int; rejected, refused, invalid_requests, expired, failed:
+        dict[reason, int] (nonzero only); engines: list[{"prefill": int, "decode": int,
+        "up": bool}] by index; histograms: {name: {"buckets": [(le, cumulative count), ...
+        ending with (inf, count)], "sum": float, "count": int}}; lock_steals: int."""
+    def unlink(self) -> None:
+        """Remove the shared file (the parent, at shutdown); no-op when private or gone."""
+    @property
+    def engines(self) -> int: ...
+    @property
+    def path(self) -> str | None: ...
+
+@final
+class Ticket:
+    """One retained request: a guard. Dropping it unfinished finishes it as cancelled."""
+
+    def sized(self, prompt_tokens: int) -> None:
+        """Marks it sized; offered_prompt_tokens += prompt_tokens (first call only)."""
+    def enqueue(self, queue_limit: int) -> bool:
+        """Takes a queue place if queued < queue_limit (atomic). True if held (a second
+        call does not take another); False once finished."""
+    def dequeue(self) -> None:
+        """Gives the queue place back; idempotent."""
+    def finish(self, cls: str, reason: str | None = None) -> bool:
+        """Exactly once: counts cls{reason}, releases retention and queue places, counts
+        unsized_offered if sized() never ran. cls: rejected | refused | invalid_requests |
+        expired | failed (reason = a SPEC §12 error code or engine_rejected) | cancelled |
+        completed (no reason). False if already finished; ValueError on a bad cls/reason."""
+    @property
+    def finished(self) -> bool: ...
+    @property
+    def admitted(self) -> bool:
+        """Whether arrive() gave it a retention place."""
+    @property
+    def queued(self) -> bool: ...
+
+@final
+class Slot:
+    """One phase slot on one engine: a guard. Dropping it releases it."""
+
+    def release(self) -> bool:
+        """Idempotent: True the first time."""
+    @property
+    def released(self) -> bool: ...
+    @property
+    def engine(self) -> int: ...
+    @property
+    def phase(self) -> str: ...
+
+def acquire_slot(board: Board, engine: int, phase: str, limit: int) -> Slot | None:
+    """Same as board.acquire_slot(engine, phase, limit)."""
