@@ -2,3 +2,10 @@
 pub mod counters;
 pub mod histogram;
 pub mod shm;
+pub mod assemble;
+pub mod delta;
+pub mod error;
+pub mod expose;
+pub mod session;
+pub mod sse;
+pub mod token_ids;

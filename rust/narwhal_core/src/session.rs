@@ -1,0 +1,287 @@
+//! One engine attempt's stream: framing, parsing, ID validation, exposure or assembly per read.
+
+use std::str::FromStr;
+
+use crate::assemble::Assembler;
+use crate::delta::{error_message, parse_event, parse_usage, Event, UsageInfo};
+use crate::error::StreamError;
+use crate::expose::{id_spans, is_id_only, write_event, DONE};
+use crate::sse::SseFramer;
+use crate::token_ids;
+
+/// Which OpenAI route the stream answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    Chat,
+    Completion,
+}
+
+impl FromStr for Route {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "chat" => Ok(Route::Chat),
+            "completion" => Ok(Route::Completion),
+            other => Err(format!(
+                "route must be \"chat\" or \"completion\", got {other:?}"
+            )),
+        }
+    }
+}
+
+/// Where the stream stands after a read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    Open = 0,
+    /// `[DONE]` arrived.
+    Done = 1,
+    /// The stream failed; see `failure()`.
+    Failed = 2,
+}
+
+/// How a session treats its stream.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    pub route: Route,
+    /// Build one non-streaming body instead of forwarding events.
+    pub assemble: bool,
+    /// The client asked for `return_token_ids`.
+    pub expose_token_ids: bool,
+    /// Drop usage-only frames (Narwhal asked for usage the client did not).
+    pub drop_usage: bool,
+    /// The engine returns IDs: every event carrying output must carry them.
+    pub require_token_ids: bool,
+    /// Sized prompt length, for usage computed when the engine sends none.
+    pub prompt_tokens: u64,
+}
+
+/// One engine attempt. Feed it every network read; it returns what to write to the client.
+#[derive(Debug)]
+pub struct StreamSession {
+    framer: SseFramer,
+    core: Core,
+}
+
+/// Everything but the framer, so the framer's callback can borrow it.
+#[derive(Debug)]
+struct Core {
+    opts: Options,
+    state: State,
+    failure: Option<StreamError>,
+    engine_error: Option<Vec<u8>>,
+    engine_error_message: Option<String>,
+    ids_total: u64,
+    output_events: u64,
+    usage_completion_tokens: Option<u64>,
+    events: u64,
+    read_count: u64,
+    out: Vec<u8>,
+    spans: Vec<(usize, usize)>,
+    assembler: Option<Assembler>,
+}
+
+impl StreamSession {
+    /// A session at the start of the engine's response body.
+    pub fn new(opts: Options) -> Self {
+        let assembler = opts
+            .assemble
+            .then(|| Assembler::new(opts.route == Route::Chat, opts.expose_token_ids));
+        StreamSession {
+            framer: SseFramer::new(),
+            core: Core {
+                opts,
+                state: State::Open,
+                failure: None,
+                engine_error: None,
+                engine_error_message: None,
+                ids_total: 0,
+                output_events: 0,
+                usage_completion_tokens: None,
+                events: 0,
+                read_count: 0,
+                out: Vec::with_capacity(1024),
+                spans: Vec::new(),
+                assembler,
+            },
+        }
+    }
+
+    /// One network read: returns (bytes for the client, the read's validated token IDs —
+    /// or, without required IDs, its events carrying output — and the state).
+    pub fn feed(&mut self, data: &[u8]) -> (&[u8], u64, State) {
+        let core = &mut self.core;
+        core.out.clear();
+        core.read_count = 0;
+        if core.state == State::Open {
+            let r = self.framer.feed(data, &mut |payload: &[u8], lines| {
+                core.on_event(payload, lines)
+            });
+            if let Err(e) = r {
+                core.fail(e);
+            }
+        }
+        (&core.out, core.read_count, core.state)
+    }
+
+    pub fn state(&self) -> State {
+        self.core.state
+    }
+
+    /// Why the stream failed, once it has.
+    pub fn failure(&self) -> Option<&StreamError> {
+        self.core.failure.as_ref()
+    }
+
+    /// The raw JSON of the first engine error event, if any.
+    pub fn engine_error(&self) -> Option<&[u8]> {
+        self.core.engine_error.as_deref()
+    }
+
+    /// Events accepted (not counting `[DONE]`).
+    pub fn events(&self) -> u64 {
+        self.core.events
+    }
+
+    /// `completion_tokens` of the last engine usage object, if any.
+    pub fn engine_usage_completion_tokens(&self) -> Option<u64> {
+        self.core.usage_completion_tokens
+    }
+
+    /// Output length: the engine's usage when it sent one, else validated IDs (or events
+    /// carrying output when IDs are not required).
+    pub fn output_tokens(&self) -> u64 {
+        self.core.output_tokens()
+    }
+
+    /// Assemble mode: the final body. Fails on an engine error event, on a failed or
+    /// unfinished stream, and on a tool call without id or name.
+    pub fn finish(&self) -> Result<Vec<u8>, StreamError> {
+        let c = &self.core;
+        let asm = c.assembler.as_ref().ok_or(StreamError::NotAssembling)?;
+        if let Some(m) = &c.engine_error_message {
+            return Err(StreamError::Engine(m.clone()));
+        }
+        if let Some(f) = &c.failure {
+            return Err(f.clone());
+        }
+        if c.state != State::Done {
+            return Err(StreamError::malformed("engine stream ended before [DONE]"));
+        }
+        asm.body(c.opts.prompt_tokens, c.output_tokens())
+    }
+}
+
+impl Core {
+    fn output_tokens(&self) -> u64 {
+        self.usage_completion_tokens
+            .unwrap_or(if self.opts.require_token_ids {
+                self.ids_total
+            } else {
+                self.output_events
+            })
+    }
+
+    fn fail(&mut self, e: StreamError) {
+        self.state = State::Failed;
+        self.failure = Some(e);
+    }
+
+    /// One complete event; false stops framing (done or failed).
+    fn on_event(&mut self, payload: &[u8], lines: u32) -> bool {
+        if payload == b"[DONE]" {
+            self.state = State::Done;
+            if !self.opts.assemble {
+                self.out.extend_from_slice(DONE);
+            }
+            return false;
+        }
+        match self.process(payload, lines) {
+            Ok(()) => true,
+            Err(e) => {
+                self.fail(e);
+                false
+            }
+        }
+    }
+
+    fn process(&mut self, payload: &[u8], lines: u32) -> Result<(), StreamError> {
+        let ev = parse_event(payload)?;
+        if ev.is_error() {
+            if self.engine_error.is_none() {
+                self.engine_error = Some(payload.to_vec());
+                self.engine_error_message = Some(error_message(&ev));
+            }
+            if !self.opts.assemble {
+                write_event(&mut self.out, payload, &[], lines);
+            }
+            self.events += 1;
+            return Ok(());
+        }
+        let (ids, carrying) = self.check_ids(&ev)?;
+        let usage = ev.usage.map(parse_usage).transpose()?;
+        match &mut self.assembler {
+            Some(asm) => {
+                let prepared = asm.prepare(&ev)?;
+                asm.apply(&ev, prepared, usage.as_ref());
+            }
+            None => self.expose(payload, &ev, lines),
+        }
+        self.commit(ids, carrying, usage);
+        Ok(())
+    }
+
+    /// Validate every ID list of the event; returns (IDs, event carries output).
+    fn check_ids(&self, ev: &Event<'_>) -> Result<(u64, bool), StreamError> {
+        if let Some(r) = ev.prompt_token_ids {
+            token_ids::validate(r, "prompt_token_ids")?;
+        }
+        let mut ids = 0;
+        let mut carrying = false;
+        for c in ev.choices.iter().flatten() {
+            let out = c.carries_output();
+            carrying |= out;
+            match c.token_ids {
+                Some(r) => ids += token_ids::validate(r, "token_ids")?.count,
+                None if out && self.opts.require_token_ids => {
+                    return Err(StreamError::malformed(
+                        "an event carrying generated output has no token_ids (missing or null)",
+                    ))
+                }
+                None => {}
+            }
+            if let Some(r) = c.prompt_token_ids {
+                token_ids::validate(r, "prompt_token_ids")?;
+            }
+        }
+        Ok((ids, carrying))
+    }
+
+    fn expose(&mut self, payload: &[u8], ev: &Event<'_>, lines: u32) {
+        if self.opts.drop_usage && ev.is_usage_only() {
+            return;
+        }
+        if self.opts.expose_token_ids {
+            write_event(&mut self.out, payload, &[], lines);
+            return;
+        }
+        if self.opts.route == Route::Chat && is_id_only(ev) {
+            return;
+        }
+        id_spans(payload, ev, &mut self.spans);
+        write_event(&mut self.out, payload, &self.spans, lines);
+    }
+
+    fn commit(&mut self, ids: u64, carrying: bool, usage: Option<UsageInfo>) {
+        self.events += 1;
+        self.ids_total += ids;
+        self.output_events += u64::from(carrying);
+        self.read_count += if self.opts.require_token_ids {
+            ids
+        } else {
+            u64::from(carrying)
+        };
+        if let Some(n) = usage.and_then(|u| u.completion_tokens) {
+            self.usage_completion_tokens = Some(n);
+        }
+    }
+}
