@@ -1,0 +1,492 @@
+"""One keep-alive HTTP/1.1 connection to an engine: httptools response parsing and flow control."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol, cast
+
+import httptools
+
+if TYPE_CHECKING:
+    from narwhal.upstream.pool import EngineClient
+
+DataSink = Callable[[bytes], None]
+EndSink = Callable[[BaseException | None], None]
+
+
+class UpstreamError(Exception):
+    """An engine exchange failed: ``kind`` is "connect", "reset", "timeout" or "protocol"."""
+
+    def __init__(self, kind: str, message: str = "", *, before_headers: bool = True) -> None:
+        super().__init__(f"{kind}: {message}" if message else kind)
+        self.kind = kind
+        self.message = message
+        self.before_headers = before_headers
+
+
+class _StaleConnection(UpstreamError):
+    """A pooled connection died before any response byte: safe to retry on a fresh one."""
+
+
+class _UnexpectedResponse(Exception):
+    """The engine sent a response nobody asked for (bytes after the end of a message)."""
+
+
+class _ResponseParser(Protocol):
+    """The part of ``httptools.HttpResponseParser`` used here (httptools ships no stubs)."""
+
+    def feed_data(self, data: bytes) -> None: ...
+    def get_status_code(self) -> int: ...
+    def should_keep_alive(self) -> bool: ...
+
+
+def _discard(data: bytes) -> None:
+    """Body sink of a connection with no response attached."""
+
+
+def _call_end(loop: asyncio.AbstractEventLoop, on_end: EndSink, exc: BaseException | None) -> None:
+    """Call a sink's ``on_end`` from a protocol callback; a failing sink is reported, not raised."""
+    try:
+        on_end(exc)
+    except Exception as err:
+        loop.call_exception_handler({"message": "upstream on_end sink failed", "exception": err})
+
+
+class FlowControl:
+    """Pause state of one engine connection: reading (relay backpressure) and writing (transport).
+
+    ``pause_reading``/``resume_reading`` map to the transport, idempotently. The transport's
+    ``pause_writing``/``resume_writing`` land here; :meth:`drain` waits while writing is
+    paused; :meth:`wake` and :meth:`release` let every waiter go.
+    """
+
+    __slots__ = ("_drain_waiter", "_transport", "read_paused", "write_paused")
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self.read_paused = False
+        self.write_paused = False
+        self._drain_waiter: asyncio.Future[None] | None = None
+
+    def pause_reading(self) -> None:
+        if not self.read_paused and not self._transport.is_closing():
+            self.read_paused = True
+            self._transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.read_paused:
+            self.read_paused = False
+            if not self._transport.is_closing():
+                self._transport.resume_reading()
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        self.wake()
+
+    async def drain(self) -> None:
+        """Wait while the transport's write buffer is over its high-water mark."""
+        if not self.write_paused:
+            return
+        if self._drain_waiter is None:
+            self._drain_waiter = asyncio.get_running_loop().create_future()
+        await self._drain_waiter
+
+    def wake(self) -> None:
+        """Release a drain waiter without changing the pause state (the response has begun)."""
+        waiter, self._drain_waiter = self._drain_waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def release(self) -> None:
+        """Connection lost: nothing will ever be written again."""
+        self.write_paused = False
+        self.wake()
+
+
+class UpstreamResponse:
+    """The response side of one engine exchange: status, headers and the body's destination."""
+
+    __slots__ = ("_aborted", "_buffer", "_conn", "_done", "_end_exc", "_on_end", "_reader",
+                 "_sunk", "headers", "status")
+
+    def __init__(self, conn: EngineConnection, status: int, headers: dict[str, str]) -> None:
+        self.status = status
+        self.headers = headers                      # lower-cased names
+        self._conn: EngineConnection | None = conn  # None once the exchange is over
+        self._buffer: list[bytes] = []              # body that arrived before set_sink
+        self._sunk = False
+        self._on_end: EndSink | None = None
+        self._done = False
+        self._aborted = False
+        self._end_exc: BaseException | None = None
+        self._reader: asyncio.Future[None] | None = None
+
+    def set_sink(self, on_data: DataSink, on_end: EndSink) -> None:
+        """Route the body to ``on_data`` (one call per network read), then ``on_end``.
+
+        Body bytes already received are delivered before this returns, and so is ``on_end``
+        when the message (or the connection) has already ended. After :meth:`abort`, the
+        sink is never called.
+        """
+        if self._sunk:
+            raise RuntimeError("the response body already has a sink")
+        self._sunk = True
+        buffered = self._buffer
+        if buffered and not self._aborted:
+            on_data(buffered[0] if len(buffered) == 1 else b"".join(buffered))
+        buffered.clear()
+        conn = self._conn
+        if conn is None:
+            if not self._aborted:
+                on_end(self._end_exc)
+            return
+        self._on_end = on_end
+        conn._on_data = on_data
+
+    async def read_all(self, limit: int = 16 << 20) -> bytes:
+        """The whole body (at most ``limit`` bytes, else UpstreamError("protocol"))."""
+        return await self._read_all(limit, None)
+
+    def pause_reading(self) -> None:
+        """Stop reading from the engine (the client is slow)."""
+        if self._conn is not None:
+            self._conn._flow.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self._conn is not None:
+            self._conn._flow.resume_reading()
+
+    def abort(self) -> None:
+        """Drop the connection now; the engine sees the disconnect. No sink calls follow."""
+        conn = self._conn
+        if conn is None:
+            return
+        self._conn = None
+        self._done = True
+        self._aborted = True
+        self._on_end = None
+        self._end_exc = UpstreamError("reset", "aborted by the caller", before_headers=False)
+        conn.abort()
+        reader = self._reader
+        if reader is not None and not reader.done():
+            reader.set_exception(self._end_exc)
+
+    # -- connection side ----------------------------------------------------------------
+
+    def _finish(self, exc: BaseException | None) -> None:
+        """The message ended (``exc`` None) or the connection died under it."""
+        if self._done:
+            return
+        self._done = True
+        self._end_exc = exc
+        conn, self._conn = self._conn, None
+        on_end, self._on_end = self._on_end, None
+        if on_end is not None and conn is not None:
+            _call_end(conn._loop, on_end, exc)
+
+    async def _read_all(self, limit: int, timeout_s: float | None) -> bytes:
+        loop = asyncio.get_running_loop()
+        reader: asyncio.Future[None] = loop.create_future()
+        parts: list[bytes] = []
+        size = 0
+
+        def on_data(data: bytes) -> None:
+            nonlocal size
+            size += len(data)
+            if size > limit:
+                if not reader.done():
+                    reader.set_exception(UpstreamError(
+                        "protocol", f"body over {limit} bytes", before_headers=False))
+                self.abort()
+            else:
+                parts.append(data)
+
+        def on_end(exc: BaseException | None) -> None:
+            if not reader.done():
+                if exc is None:
+                    reader.set_result(None)
+                else:
+                    reader.set_exception(exc)
+
+        def on_timeout() -> None:
+            if not reader.done():
+                reader.set_exception(UpstreamError(
+                    "timeout", "body not complete in time", before_headers=False))
+            self.abort()
+
+        if self._aborted:
+            raise UpstreamError("reset", "aborted by the caller", before_headers=False)
+        self._reader = reader
+        timer = loop.call_later(timeout_s, on_timeout) if timeout_s is not None else None
+        try:
+            self.set_sink(on_data, on_end)
+            await reader
+        except asyncio.CancelledError:
+            self.abort()
+            raise
+        finally:
+            self._reader = None
+            if timer is not None:
+                timer.cancel()
+        return b"".join(parts)
+
+
+class EngineConnection(asyncio.Protocol):
+    """An ``asyncio.Protocol`` that is also the httptools callback sink; callbacks never await."""
+
+    __slots__ = ("_busy", "_client", "_closing", "_complete", "_flow", "_got_bytes", "_head",
+                 "_header_timer", "_keep_alive", "_loop", "_lost", "_on_data", "_parser",
+                 "_pieces", "_raw_headers", "_response", "_served", "_status", "_transport",
+                 "_until_close", "_waiter", "idle_timer", "on_body")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, client: EngineClient) -> None:
+        # shared
+        self._loop = loop
+        self._client = client
+        # per connection
+        self._transport: asyncio.Transport
+        self._flow: FlowControl
+        self._closing = False
+        self._served = 0                      # responses completed (> 0: reused from the pool)
+        self._lost: asyncio.Future[None] = loop.create_future()
+        self.idle_timer: asyncio.TimerHandle | None = None
+        # per request
+        self._busy = False                    # a request is out and its response not ended
+        self._head = False
+        self._got_bytes = False
+        self._waiter: asyncio.Future[UpstreamResponse] | None = None
+        self._header_timer: asyncio.TimerHandle | None = None
+        self._raw_headers: list[tuple[bytes, bytes]] = []
+        self._status = 0
+        self._keep_alive = False
+        self._until_close = False
+        self._response: UpstreamResponse | None = None
+        self._complete = False
+        self._pieces: list[bytes] = []
+        self._on_data: DataSink = _discard
+        # httptools looks its callbacks up once, here: on_body is the list's own append
+        self.on_body: DataSink = self._pieces.append
+        self._parser: _ResponseParser = httptools.HttpResponseParser(self)
+
+    # -- asyncio.Protocol ---------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)
+        self._flow = FlowControl(self._transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._client._connection_made(self)
+
+    def data_received(self, data: bytes) -> None:
+        if not self._busy:
+            self.close()                      # bytes nobody asked for: never reuse this socket
+            return
+        self._got_bytes = True
+        try:
+            self._parser.feed_data(data)
+        except Exception as exc:              # HttpParserError, HttpParserUpgrade
+            self._parse_failed(exc)
+            return
+        pieces = self._pieces
+        if pieces:
+            chunk = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+            pieces.clear()
+            try:
+                self._on_data(chunk)
+            except Exception as exc:
+                self._sink_failed(exc)
+                return
+        if self._complete:
+            self._message_done(reuse=True)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closing = True
+        self._busy = False
+        self._cancel_timers()
+        self._flow.release()
+        self._client._connection_lost(self)
+        if not self._lost.done():
+            self._lost.set_result(None)
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            stale = self._served > 0 and not self._got_bytes
+            cls = _StaleConnection if stale else UpstreamError
+            waiter.set_exception(cls("reset", _describe(exc, "before the response headers")))
+        resp, self._response = self._response, None
+        self._on_data = _discard
+        if resp is not None:
+            if self._until_close and exc is None:
+                resp._finish(None)            # a read-until-close body ends with the connection
+            else:
+                resp._finish(UpstreamError(
+                    "reset", _describe(exc, "in the response body"), before_headers=False))
+
+    def pause_writing(self) -> None:
+        self._flow.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._flow.resume_writing()
+
+    # -- httptools callbacks (on_body is the attribute set in __init__) -----------------
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._raw_headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        status = self._parser.get_status_code()
+        self._status = status
+        raw = self._raw_headers
+        if status < 200:                      # 1xx: the final response follows
+            raw.clear()
+            return
+        waiter, self._waiter = self._waiter, None
+        if waiter is None or waiter.done():
+            raise _UnexpectedResponse
+        headers: dict[str, str] = {}
+        for name, value in raw:
+            key = name.decode("latin-1").lower()
+            text = value.decode("latin-1")
+            headers[key] = f"{headers[key]}, {text}" if key in headers else text
+        raw.clear()
+        head = self._head
+        self._keep_alive = not head and self._parser.should_keep_alive()
+        self._until_close = (not head and status not in (204, 304)
+                             and "content-length" not in headers
+                             and "transfer-encoding" not in headers)
+        resp = UpstreamResponse(self, status, headers)
+        self._response = resp
+        self._on_data = resp._buffer.append
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+        self._flow.wake()                     # open() no longer waits for the request to drain
+        waiter.set_result(resp)
+        if head:                              # no body follows; the parser cannot be told
+            self._complete = True
+
+    def on_message_complete(self) -> None:
+        if self._status >= 200:
+            self._complete = True
+
+    # -- used by the pool and the response -----------------------------------------------
+
+    @property
+    def reusable(self) -> bool:
+        return not self._closing and not self._busy and not self._transport.is_closing()
+
+    async def request(self, data: bytes, *, head: bool, deadline: float) -> UpstreamResponse:
+        """Send one serialised request; return once the final status line and headers arrive."""
+        if not self.reusable:
+            raise _StaleConnection("reset", "pooled connection closed before reuse")
+        loop = self._loop
+        waiter: asyncio.Future[UpstreamResponse] = loop.create_future()
+        self._waiter = waiter
+        self._busy = True
+        self._head = head
+        self._got_bytes = False
+        self._status = 0
+        self._header_timer = loop.call_at(deadline, self._header_timeout)
+        self._transport.write(data)
+        try:
+            if self._flow.write_paused:
+                await self._flow.drain()      # a large body: let the transport hand it over
+            return await waiter
+        except asyncio.CancelledError:
+            self.abort()
+            raise
+
+    def abort(self) -> None:
+        """Close the socket now; the exchange in progress ends without further sink calls."""
+        self._closing = True
+        self._busy = False
+        self._cancel_timers()
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.cancel()                   # only its own cancelled request() is waiting
+        self._response = None
+        self._complete = False
+        self._pieces.clear()
+        self._on_data = _discard
+        self._transport.abort()
+
+    def close(self) -> None:
+        """Close gracefully (idle timeout, pool full, Connection: close, client closing)."""
+        self._closing = True
+        self._cancel_timers()
+        self._transport.close()
+
+    async def wait_closed(self) -> None:
+        await self._lost
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _message_done(self, *, reuse: bool) -> None:
+        resp, self._response = self._response, None
+        self._complete = False
+        self._busy = False
+        self._on_data = _discard
+        if (reuse and self._keep_alive and not self._closing
+                and self._transport.get_write_buffer_size() == 0):
+            self._served += 1
+            self._flow.resume_reading()
+            self._client._release(self)
+        else:
+            self.close()
+        if resp is not None:
+            resp._finish(None)
+
+    def _header_timeout(self) -> None:
+        self._header_timer = None
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(UpstreamError("timeout", "no response headers in time"))
+        self.abort()
+
+    def _parse_failed(self, exc: Exception) -> None:
+        resp = self._response
+        if self._pieces and resp is not None:
+            pieces = self._pieces
+            chunk = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+            pieces.clear()
+            try:
+                self._on_data(chunk)
+            except Exception as err:
+                self._sink_failed(err)
+                return
+        if self._complete:                    # a whole response, then junk: keep the response
+            self._message_done(reuse=False)
+            return
+        cause = exc.__context__ if isinstance(exc, httptools.HttpParserCallbackError) else exc
+        message = f"malformed response: {cause!r}"
+        waiter, self._waiter = self._waiter, None
+        self.abort()
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(UpstreamError("protocol", message))
+        if resp is not None:
+            resp._finish(UpstreamError("protocol", message, before_headers=False))
+
+    def _sink_failed(self, exc: Exception) -> None:
+        resp = self._response
+        self.abort()
+        if resp is not None:
+            resp._finish(exc)
+
+    def _cancel_timers(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+        if self.idle_timer is not None:
+            self.idle_timer.cancel()
+            self.idle_timer = None
+
+
+def _describe(exc: Exception | None, where: str) -> str:
+    return f"connection {'closed' if exc is None else repr(exc)} {where}"
