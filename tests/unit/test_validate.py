@@ -396,17 +396,48 @@ json_values = st.recursive(
 FIELDS = ["model", "messages", "prompt", "stream", "stream_options", "n", "best_of",
           "max_tokens", "max_completion_tokens", "return_token_ids", "logprobs",
           "top_logprobs", "tools", "tool_choice", "modalities", "audio"]
-bodies = st.one_of(
-    json_values,
+
+
+def _mostly(valid: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    """Plausible values most of the time, anything JSON now and then."""
+    return st.integers(0, 7).flatmap(lambda i: json_values if i == 0 else valid)
+
+
+_small = st.integers(min_value=-1, max_value=3)
+_part = st.fixed_dictionaries({"type": _mostly(st.sampled_from(["text", "image_url"]))},
+                              optional={"text": _mostly(st.text(max_size=8))})
+_message = st.fixed_dictionaries(
+    {"role": _mostly(st.sampled_from(["system", "user", "assistant"]))},
+    optional={"content": _mostly(st.none() | st.text(max_size=8) | st.lists(_part, max_size=3)),
+              "tool_calls": json_values})
+_tool = st.fixed_dictionaries({"type": _mostly(st.sampled_from(["function", "custom"]))},
+                              optional={"function": json_values})
+OPTIONAL = {
+    "stream": _mostly(st.none() | st.booleans()),
+    "stream_options": _mostly(st.none() | st.fixed_dictionaries({}, optional={
+        "include_usage": _mostly(st.booleans()),
+        "continuous_usage_stats": _mostly(st.booleans())})),
+    "n": _mostly(_small), "best_of": _mostly(_small), "max_tokens": _mostly(_small),
+    "max_completion_tokens": _mostly(_small), "return_token_ids": _mostly(st.booleans()),
+    "logprobs": _mostly(st.booleans() | _small), "top_logprobs": _mostly(_small),
+    "tools": _mostly(st.lists(_tool, max_size=3)),
+    "tool_choice": _mostly(st.sampled_from(["auto", "none"])),
+    "modalities": _mostly(st.lists(st.sampled_from(["text", "audio"]), max_size=2)),
+    "audio": _mostly(st.none() | st.just({"voice": "alloy"})),
+}
+_model = _mostly(st.sampled_from([MODEL, MODEL, MODEL, "other"]))
+_prompt = _mostly(st.text(max_size=8) | st.lists(st.text(max_size=4), max_size=3)
+                  | st.lists(st.integers(min_value=-1, max_value=9), max_size=4)
+                  | st.lists(st.lists(st.integers(min_value=0, max_value=9), max_size=3),
+                             max_size=3))
+_BRANCHES = [
+    st.fixed_dictionaries({"model": _model, "messages": _mostly(st.lists(_message, max_size=3))},
+                          optional=OPTIONAL),
+    st.fixed_dictionaries({"model": _model, "prompt": _prompt}, optional=OPTIONAL),
     st.dictionaries(st.sampled_from(FIELDS), json_values, max_size=8),
-    st.fixed_dictionaries({"model": st.just(MODEL) | json_values,
-                           "messages": st.lists(st.dictionaries(
-                               st.sampled_from(["role", "content", "tool_calls"]), json_values),
-                               max_size=3) | json_values},
-                          optional={k: json_values for k in FIELDS[3:]}),
-    st.fixed_dictionaries({"model": st.just(MODEL), "prompt": json_values},
-                          optional={k: json_values for k in FIELDS[3:]}),
-)
+    json_values,
+]
+bodies = st.sampled_from([0, 0, 0, 0, 1, 1, 1, 1, 2, 3]).flatmap(lambda i: _BRANCHES[i])
 
 
 def _outcome(route: str, raw: bytes) -> None:
