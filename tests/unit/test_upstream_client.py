@@ -30,8 +30,9 @@ def run(main: Callable[[], Awaitable[Any]], timeout: float = 10.0) -> Any:
 class Server:
     """A loopback HTTP server whose per-connection behaviour is a coroutine."""
 
-    def __init__(self, handler: Handler) -> None:
+    def __init__(self, handler: Handler, port: int = 0) -> None:
         self.handler = handler
+        self.port = port
         self.connections = 0
         self.requests: list[tuple[bytes, dict[bytes, bytes], bytes]] = []
         self.raw: list[bytes] = []
@@ -39,7 +40,7 @@ class Server:
         self.server: asyncio.Server | None = None
 
     async def __aenter__(self) -> Server:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -131,12 +132,12 @@ async def settle(cond: Callable[[], bool], timeout: float = 2.0) -> None:
         await asyncio.sleep(0.005)
 
 
-def echo_server() -> Server:
+def echo_server(port: int = 0) -> Server:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while await srv.read_request(reader) is not None:
             writer.write(ok(b"hello"))
 
-    srv = Server(handler)
+    srv = Server(handler, port)
     return srv
 
 
@@ -830,3 +831,20 @@ def test_bad_urls_are_refused() -> None:
     for url in ("https://x:1", "ftp://x", "127.0.0.1:8000"):
         with pytest.raises(ValueError):
             EngineClient(url)
+
+
+def test_client_built_outside_the_loop_and_max_idle_zero() -> None:
+    port = free_port()
+    client = EngineClient(f"http://127.0.0.1:{port}", max_idle=0)   # e.g. at config load
+
+    async def main() -> None:
+        async with echo_server(port) as srv:
+            assert (await client.fetch("GET", "/", timeout_s=2))[0] == 200
+            assert client.idle_connections == 0
+            await settle(lambda: client.open_connections == 0)
+            loop_client = EngineClient(srv.url, loop=asyncio.get_running_loop())
+            assert (await loop_client.fetch("GET", "/", timeout_s=2))[0] == 200
+            assert loop_client.idle_connections == 1
+            await loop_client.close()
+
+    run(main)
