@@ -11,7 +11,11 @@ use pyo3::types::{PyDict, PyList};
 
 fn py_err(error: BoardError) -> PyErr {
     match error {
-        BoardError::Shm(ShmError::Io { .. }) => PyOSError::new_err(error.to_string()),
+        // OSError(errno, message, filename): Python picks the subclass (FileNotFoundError...).
+        BoardError::Shm(ShmError::Io { path, source }) => {
+            let errno = source.raw_os_error().unwrap_or(0);
+            PyOSError::new_err((errno, source.to_string(), path))
+        }
         _ => PyValueError::new_err(error.to_string()),
     }
 }
@@ -79,8 +83,8 @@ impl PyBoard {
     }
 
     #[getter]
-    fn path(&self) -> Option<PathBuf> {
-        self.board.path().map(PathBuf::from)
+    fn path(&self) -> Option<String> {
+        self.board.path().map(|p| p.to_string_lossy().into_owned())
     }
 }
 

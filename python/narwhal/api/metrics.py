@@ -1,0 +1,161 @@
+"""Prometheus exposition of the accounting board; metric names and labels declared once (§12)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector, CollectorRegistry
+from prometheus_client.utils import floatToGoString
+
+from narwhal._narwhal_fast import Board
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST.encode()
+"""The `Content-Type` of `render()`'s output."""
+
+REASON = "reason"
+ENGINE = "engine"
+PHASE = "phase"
+PHASES = ("prefill", "decode")
+
+_le: Callable[[float], str] = floatToGoString  # "+Inf", "0.001", ... (untyped upstream)
+
+
+@dataclass(frozen=True)
+class Family:
+    """One metric family: its exposed name (counters without `_total`), snapshot key, help."""
+
+    name: str
+    key: str
+    help: str
+
+
+COUNTERS = (
+    Family("narwhal_offered", "offered", "Requests offered to a completion route, at arrival."),
+    Family(
+        "narwhal_unsized_offered",
+        "unsized_offered",
+        "Offered requests that ended before their workload was sized.",
+    ),
+    Family(
+        "narwhal_offered_prompt_tokens",
+        "offered_prompt_tokens",
+        "Prompt tokens of the offered requests that were sized.",
+    ),
+    Family("narwhal_cancelled", "cancelled", "Requests whose client went away."),
+    Family("narwhal_completed", "completed", "Requests answered to the end."),
+)
+REASON_COUNTERS = (
+    Family("narwhal_rejected", "rejected", "Requests rejected for capacity, by error code."),
+    Family("narwhal_refused", "refused", "Requests refused by predictive admission, by code."),
+    Family(
+        "narwhal_invalid_requests",
+        "invalid_requests",
+        "Malformed or unacceptable requests, by error code.",
+    ),
+    Family("narwhal_expired", "expired", "Requests whose wait or deadline expired, by error code."),
+    Family("narwhal_failed", "failed", "Requests failed by an engine, by error code."),
+)
+GAUGES = (
+    Family("narwhal_retained_requests", "retained", "HTTP requests held (waiting or running)."),
+    Family("narwhal_queued_requests", "queued", "Requests waiting for placement."),
+)
+ENGINE_INFLIGHT = Family(
+    "narwhal_engine_inflight", "engines", "Requests in flight on an engine, by phase."
+)
+ENGINE_UP = Family("narwhal_engine_up", "engines", "1 while the engine is healthy, else 0.")
+HISTOGRAMS = (
+    Family("narwhal_ttft_seconds", "ttft", "Time from arrival to the first generated token."),
+    Family("narwhal_tpot_seconds", "tpot", "Time per output token after the first."),
+    Family("narwhal_queue_wait_seconds", "queue_wait", "Time spent in the admission queue."),
+    Family("narwhal_e2e_seconds", "e2e", "Time from arrival to the end of the response."),
+    Family("narwhal_output_tokens", "output_tokens", "Generated tokens per completed request."),
+)
+
+
+class BoardCollector(Collector):
+    """Turns one `board.snapshot()` per scrape into metric families (no counting here).
+
+    `engine_names()` gives the name of each engine index; `extra()` yields more families
+    (engine token accounting, learned drift, ...) owned by other parts.
+    """
+
+    def __init__(
+        self,
+        board: Board,
+        engine_names: Callable[[], Sequence[str]],
+        extra: Callable[[], Iterable[Metric]] | None = None,
+    ) -> None:
+        self._board = board
+        self._engine_names = engine_names
+        self._extra = extra
+
+    def describe(self) -> Iterator[Metric]:
+        """The board's families without samples (lets the registry reject duplicates)."""
+        yield from _families({}, ())
+
+    def collect(self) -> Iterator[Metric]:
+        yield from _families(self._board.snapshot(), self._engine_names())
+        if self._extra is not None:
+            yield from self._extra()
+
+
+def _families(snapshot: dict[str, Any], engine_names: Sequence[str]) -> Iterator[Metric]:
+    """Every board family; with an empty snapshot, just the declarations."""
+    for family in COUNTERS:
+        counter = CounterMetricFamily(family.name, family.help)
+        if family.key in snapshot:
+            counter.add_metric([], snapshot[family.key])
+        yield counter
+    for family in REASON_COUNTERS:
+        by_reason = CounterMetricFamily(family.name, family.help, labels=[REASON])
+        for reason, count in snapshot.get(family.key, {}).items():
+            by_reason.add_metric([reason], count)
+        yield by_reason
+    for family in GAUGES:
+        gauge = GaugeMetricFamily(family.name, family.help)
+        if family.key in snapshot:
+            gauge.add_metric([], snapshot[family.key])
+        yield gauge
+    inflight = GaugeMetricFamily(ENGINE_INFLIGHT.name, ENGINE_INFLIGHT.help, labels=[ENGINE, PHASE])
+    up = GaugeMetricFamily(ENGINE_UP.name, ENGINE_UP.help, labels=[ENGINE])
+    for name, cell in zip(engine_names, snapshot.get("engines", ()), strict=False):
+        for phase in PHASES:
+            inflight.add_metric([name, phase], cell[phase])
+        up.add_metric([name], 1 if cell["up"] else 0)
+    yield inflight
+    yield up
+    histograms = snapshot.get("histograms", {})
+    for family in HISTOGRAMS:
+        histogram = histograms.get(family.key)
+        if histogram is None:
+            yield HistogramMetricFamily(family.name, family.help)
+            continue
+        buckets = [(_le(le), count) for le, count in histogram["buckets"]]
+        yield HistogramMetricFamily(
+            family.name, family.help, buckets=buckets, sum_value=histogram["sum"]
+        )
+
+
+def build_registry(
+    board: Board,
+    engine_names: Callable[[], Sequence[str]],
+    extra: Callable[[], Iterable[Metric]] | None = None,
+) -> CollectorRegistry:
+    """A registry holding only the board's collector (no per-process default metrics)."""
+    registry = CollectorRegistry()
+    registry.register(BoardCollector(board, engine_names, extra))
+    return registry
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    """The Prometheus text exposition of every collector in `registry`."""
+    return generate_latest(registry)
