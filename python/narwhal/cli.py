@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import subprocess
 import sys
 from collections.abc import Sequence
 
@@ -35,17 +36,21 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+DEMO_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+
+
 def _serve(args: argparse.Namespace) -> int:
     from narwhal.config import ConfigError, Listen, demo_config, load_config
     from narwhal.serve import serve, start_demo_engines, stop_processes
 
+
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
-    procs = []
+    procs: list[subprocess.Popen[str]] = []
     extra = ""
     try:
         if args.demo:
-            procs, urls = start_demo_engines(args.demo_engines)
-            config = demo_config(urls)
+            procs, urls = start_demo_engines(DEMO_MODEL, args.demo_engines)
+            config = demo_config(urls, model=DEMO_MODEL)
             extra = f"; demo engines: {' '.join(urls)}"
         else:
             config = load_config(args.config)
@@ -53,6 +58,8 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"narwhal: {exc}", file=sys.stderr)
         stop_processes(procs)
         return 2
+    for name in config.missing_secrets():
+        print(f"narwhal: warning: {name}", file=sys.stderr)
     if args.host is not None or args.port is not None:
         listen = Listen(
             host=args.host if args.host is not None else config.listen.host,

@@ -104,13 +104,17 @@ def _serve_workers(config: Config, workers: int, extra: str) -> int:
             code = 0
             try:
                 shared = Board(engines=max(1, len(config.engines)), path=path, create=False)
+
+                def ready(_port: int) -> None:
+                    os.write(write_end, b"r")
+
                 uvloop.run(
                     run_worker(
                         config,
                         shared,
                         port=port,
                         reuse_port=True,
-                        on_ready=lambda _p: os.write(write_end, b"r"),
+                        on_ready=ready,
                     )
                 )
             except BaseException:
@@ -170,13 +174,16 @@ def _stop_children(children: list[int]) -> None:
             os.waitpid(pid, 0)
 
 
-def start_demo_engines(count: int = 2) -> tuple[list[subprocess.Popen[str]], list[str]]:
-    """Start simulated engines (``python -m narwhal.sim``) on free loopback ports."""
+def start_demo_engines(
+    model: str, count: int = 2
+) -> tuple[list[subprocess.Popen[str]], list[str]]:
+    """Start simulated engines (``python -m narwhal.sim``) serving ``model`` on free ports."""
     procs: list[subprocess.Popen[str]] = []
     urls: list[str] = []
     for _ in range(count):
         proc = subprocess.Popen(
-            [sys.executable, "-m", "narwhal.sim", "--host", "127.0.0.1", "--port", "0"],
+            [sys.executable, "-m", "narwhal.sim", "--host", "127.0.0.1", "--port", "0",
+             "--model", model],
             stdout=subprocess.PIPE,
             text=True,
         )

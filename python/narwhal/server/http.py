@@ -12,7 +12,7 @@ import socket
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import httptools
 
@@ -240,7 +240,7 @@ class HttpProtocol(asyncio.Protocol):
 
     # -- asyncio.Protocol --------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass it
         self.transport = transport
         sock = transport.get_extra_info("socket")
         if sock is not None:

@@ -1,0 +1,110 @@
+"""Deadlines and the FIFO admission queue: requests wait here for a prefill slot."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from narwhal._narwhal_fast import Ticket
+from narwhal.errors import Refusal
+from narwhal.scheduling.placement import Placement, Scheduler
+
+_WHOLE_REQUEST_HEADERS = ("x-request-timeout", "x-stainless-timeout")
+_HEADER_ONLY_HEADERS = ("x-stainless-read-timeout",)
+
+
+def _seconds(value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None
+    return seconds if seconds > 0 and math.isfinite(seconds) else None
+
+
+@dataclass(frozen=True, slots=True)
+class Deadlines:
+    """Loop times by which response headers must go out, and by which the request must end."""
+
+    headers_by: float
+    total: float
+
+    @classmethod
+    def from_headers(
+        cls, headers: Mapping[str, str], arrival: float, default_timeout_s: float
+    ) -> Deadlines:
+        whole = [s for h in _WHOLE_REQUEST_HEADERS if (s := _seconds(headers.get(h))) is not None]
+        total = arrival + (min(whole) if whole else default_timeout_s)
+        first_byte = [s for h in _HEADER_ONLY_HEADERS if (s := _seconds(headers.get(h)))]
+        headers_by = min([total] + [arrival + s for s in first_byte])
+        return cls(headers_by, total)
+
+
+class AdmissionQueue:
+    """FIFO of requests waiting for placement; woken when a slot frees, never polled."""
+
+    def __init__(self, scheduler: Scheduler, queue_limit: int, max_wait_s: float):
+        self.scheduler = scheduler
+        self.queue_limit = queue_limit
+        self.max_wait_s = max_wait_s
+        self.waiters: deque[asyncio.Future[Placement]] = deque()
+
+    async def place(self, ticket: Ticket, deadlines: Deadlines) -> tuple[Placement, float]:
+        """A placement (holding a prefill slot) and the seconds spent waiting for it."""
+        if not self.waiters:
+            placement = self.scheduler.try_place()
+            if placement is not None:
+                return placement, 0.0
+        if not ticket.enqueue(self.queue_limit):
+            raise Refusal("queue_full")
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        wait_until = start + self.max_wait_s
+        code = "admission_wait_expired"
+        if deadlines.headers_by <= wait_until:
+            wait_until, code = deadlines.headers_by, "deadline_expired"
+        future: asyncio.Future[Placement] = loop.create_future()
+        self.waiters.append(future)
+        timer = loop.call_later(max(0.0, wait_until - start), _expire, future)
+        try:
+            placement = await future
+        except TimeoutError:
+            raise Refusal(code) from None
+        except BaseException:
+            if future.done() and not future.cancelled() and future.exception() is None:
+                future.result().prefill.release()  # placed as we were cancelled: give it back
+                self.scheduler.leave(future.result().engine, "prefill")
+            raise
+        finally:
+            timer.cancel()
+            ticket.dequeue()
+            if not future.done():
+                future.cancel()
+            try:
+                self.waiters.remove(future)
+            except ValueError:
+                pass
+        return placement, loop.time() - start
+
+    def kick(self) -> None:
+        """Capacity may have freed: place waiting requests, oldest first."""
+        waiters = self.waiters
+        while waiters:
+            head = waiters[0]
+            if head.done():
+                waiters.popleft()
+                continue
+            placement = self.scheduler.try_place()
+            if placement is None:
+                return
+            waiters.popleft()
+            head.set_result(placement)
+
+
+def _expire(future: asyncio.Future[Placement]) -> None:
+    if not future.done():
+        future.set_exception(TimeoutError())

@@ -1,0 +1,91 @@
+"""One engine as the router sees it: its configuration, connection pool, health and drain state."""
+
+from __future__ import annotations
+
+import enum
+from typing import TYPE_CHECKING, Any
+
+from narwhal.upstream.client import EngineClient
+
+if TYPE_CHECKING:
+    from narwhal.config import EngineConfig
+
+# Dialects whose streams carry per-event token IDs when asked with return_token_ids.
+TOKEN_ID_DIALECTS = frozenset({"vllm"})
+
+
+class Health(enum.Enum):
+    UNKNOWN = "unknown"  # no probe answered yet
+    HEALTHY = "healthy"
+    UNHEALTHY = "unhealthy"
+
+
+class Engine:
+    """An engine of the fleet. ``index`` is its slot in the shared accounting board."""
+
+    __slots__ = (
+        "client",
+        "config",
+        "consecutive_failures",
+        "consecutive_successes",
+        "draining",
+        "health",
+        "index",
+        "last_probe_ok",
+        "load",
+        "maintenance",
+    )
+
+    def __init__(self, index: int, config: EngineConfig, client: EngineClient):
+        self.index = index
+        self.config = config
+        self.client = client
+        self.health = Health.UNKNOWN
+        self.draining = False
+        self.maintenance = False
+        self.consecutive_failures = 0
+        self.consecutive_successes = 0
+        self.last_probe_ok: float | None = None
+        self.load: dict[str, float] = {}
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def token_ids(self) -> bool:
+        """Does this engine return validated token IDs (token_accounting: token_ids)?"""
+        return self.config.dialect in TOKEN_ID_DIALECTS
+
+    @property
+    def token_accounting(self) -> str:
+        return "token_ids" if self.token_ids else "unavailable"
+
+    @property
+    def state(self) -> str:
+        if self.maintenance:
+            return "maintenance"
+        if self.draining:
+            return "draining"
+        return self.health.value
+
+    def serves(self) -> bool:
+        """Healthy and accepting new placements (phase capacity is checked by the scheduler)."""
+        return self.health is Health.HEALTHY and not self.draining and not self.maintenance
+
+    def describe(self, inflight: dict[str, int]) -> dict[str, Any]:
+        cfg = self.config
+        return {
+            "name": cfg.name,
+            "url": cfg.url,
+            "dialect": cfg.dialect,
+            "role": cfg.role,
+            "wave": cfg.wave,
+            "state": self.state,
+            "token_accounting": self.token_accounting,
+            "inflight": inflight,
+            "max_prefill": cfg.max_prefill,
+            "max_decode": cfg.max_decode,
+            "load": self.load,
+            "learned": None,
+        }
