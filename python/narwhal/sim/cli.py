@@ -1,0 +1,89 @@
+"""``narwhal sim`` command line: flags, start-up line and signal handling."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+
+import uvloop
+
+from narwhal.sim.server import Simulator
+from narwhal.sim.settings import DEFAULT_MODEL, ROLES, OutputLength, SimSettings
+
+DESCRIPTION = "Simulated vLLM engine: vLLM 0.32 wire format, batch timing model, faults."
+
+
+def _output_len(text: str) -> str:
+    try:
+        OutputLength(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the simulator's flags to ``parser``."""
+    d = SimSettings()
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")
+    parser.add_argument("--port", type=int, default=0, help="port (0 = pick a free one)")
+    parser.add_argument("--model", default=DEFAULT_MODEL, help=f"served model ({DEFAULT_MODEL})")
+    parser.add_argument("--prefill-tokens-per-s", type=float, default=d.prefill_tokens_per_s,
+                        help="prefill rate, prompt tokens per second")
+    parser.add_argument("--prefill-overhead-ms", type=float, default=d.prefill_overhead_ms,
+                        help="fixed time added to every prefill")
+    parser.add_argument("--tpot-ms", type=float, default=d.tpot_ms,
+                        help="decode step time with one running request")
+    parser.add_argument("--tpot-growth-ms", type=float, default=d.tpot_growth_ms,
+                        help="added to the step time per extra running request")
+    parser.add_argument("--output-len", type=_output_len, default=d.output_len,
+                        help="output length: N, uniform:LO:HI or geometric:MEAN "
+                             "(capped by max_tokens)")
+    parser.add_argument("--max-model-len", type=int, default=d.max_model_len,
+                        help="context window; longer requests get vLLM's 400")
+    parser.add_argument("--role", choices=ROLES, default="mixed",
+                        help="disaggregation role (stored for later use)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of all pseudo-random choices")
+    parser.add_argument("--keepalive-timeout-s", type=float, default=d.keepalive_timeout_s,
+                        help="close idle keep-alive connections after this long (uvicorn: 5)")
+
+
+def settings_from(args: argparse.Namespace) -> SimSettings:
+    return SimSettings(
+        model=args.model, prefill_tokens_per_s=args.prefill_tokens_per_s,
+        prefill_overhead_ms=args.prefill_overhead_ms, tpot_ms=args.tpot_ms,
+        tpot_growth_ms=args.tpot_growth_ms, output_len=args.output_len,
+        max_model_len=args.max_model_len, role=args.role, seed=args.seed,
+        keepalive_timeout_s=args.keepalive_timeout_s,
+    )
+
+
+async def _serve(settings: SimSettings, host: str, port: int) -> None:
+    sim = Simulator(settings)
+    bound = await sim.start(host, port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    shown = f"[{host}]" if ":" in host else host
+    print(f"narwhal-sim listening on http://{shown}:{bound}", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        await sim.stop()
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run until SIGTERM/SIGINT; return the exit status."""
+    try:
+        settings = settings_from(args)
+    except ValueError as exc:
+        print(f"narwhal sim: {exc}", file=sys.stderr)
+        return 2
+    try:
+        uvloop.run(_serve(settings, args.host, args.port))
+    except OSError as exc:
+        print(f"narwhal sim: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,265 @@
+"""``/v1/chat/completions`` and ``/v1/completions``: validation as vLLM does it, then a Response."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from narwhal.sim import bodies, directives, errors, scenarios, tokenizer
+from narwhal.sim.directives import ID_FAULTS, Directives, Fault
+from narwhal.sim.engine import Engine
+from narwhal.sim.errors import SimError, bad_request
+from narwhal.sim.frames import ChatFrames, CompletionFrames, StreamOptions
+from narwhal.sim.http import Exchange, Request
+from narwhal.sim.settings import SimSettings
+from narwhal.sim.stats import Record, Stats
+from narwhal.sim.stream import ChoiceJob, Response
+
+MAX_LOGPROBS = 20
+MULTI_TOKEN_INTERVAL = 3
+COMPLETION_DEFAULT_MAX_TOKENS = 16
+
+
+class _Watcher:
+    """Listener of an exchange that will never answer: counts the client leaving."""
+
+    def __init__(self, stats: Stats, record: Record) -> None:
+        self._stats = stats
+        self._record = record
+
+    def on_pause(self) -> None:
+        pass
+
+    def on_resume(self) -> None:
+        pass
+
+    def on_close(self) -> None:
+        self._stats.client_left(self._record)
+
+
+def _int_field(body: dict[str, Any], key: str, minimum: int) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise bad_request(f"{key} must be an integer", key)
+    if value < minimum:
+        raise bad_request(f"{key} must be at least {minimum}, got {value}.", key)
+    return value
+
+
+class Completions:
+    """Turns completion-route requests into engine jobs on one simulated engine."""
+
+    def __init__(self, settings: SimSettings, engine: Engine, stats: Stats,
+                 rng: random.Random) -> None:
+        self._settings = settings
+        self._engine = engine
+        self._stats = stats
+        self._rng = rng
+
+    def handle(self, request: Request, exchange: Exchange, chat: bool) -> None:
+        try:
+            body = orjson.loads(request.body)
+        except orjson.JSONDecodeError as exc:
+            err = SimError(400, f"JSON decode error: {exc}", "Bad Request")
+            exchange.send(400, err.body())
+            return
+        record = self._stats.arrive(request.path, request.headers, body)
+        try:
+            if not isinstance(body, dict):
+                raise SimError(400, "Input should be a valid dictionary", "Bad Request")
+            found = directives.parse(request.headers, request.body)
+            if found.fault is not None and self._early_fault(found.fault, body, chat, exchange,
+                                                             record):
+                return
+            response = self._prepare(request, exchange, record, body, found, chat)
+        except SimError as err:
+            exchange.send(err.status, err.body())
+            self._stats.end(record, "rejected")
+            return
+        except ValueError as exc:  # bad directives
+            exchange.send(400, bad_request(str(exc)).body())
+            self._stats.end(record, "rejected")
+            return
+        fault = found.fault
+        delay = fault.arg / 1000.0 if fault is not None and fault.name == "slow_headers" else 0.0
+        response.begin(delay)
+
+    def _early_fault(self, fault: Fault, body: dict[str, Any], chat: bool, exchange: Exchange,
+                     record: Record) -> bool:
+        """Faults that act before any header; True when the request is done with."""
+        name = fault.name
+        if name == "reset_before_headers":
+            self._stats.end(record, fault.label)
+            exchange.reset()
+        elif name == "hang_before_headers":
+            self._stats.end(record, fault.label)
+            exchange.listener = _Watcher(self._stats, record)
+            exchange.hang()
+        elif name == "http_500":
+            exchange.send(500, errors.internal().body())
+            self._stats.end(record, fault.label)
+        elif name == "http_400":
+            prompt = len(self._chat_prompt(body)) if chat else 16
+            limit = self._settings.max_model_len
+            exchange.send(400, errors.context_too_long(limit, prompt, limit).body())
+            self._stats.end(record, fault.label)
+        else:
+            return False
+        return True
+
+    # -- request preparation
+    def _chat_prompt(self, body: dict[str, Any]) -> list[int]:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise SimError(400, "messages: Field required (a non-empty list)", "Bad Request",
+                           "messages")
+        tools = body.get("tools")
+        return tokenizer.encode_chat(messages, tools if isinstance(tools, list) else None,
+                                     body.get("add_generation_prompt", True) is not False)
+
+    def _completion_prompts(self, body: dict[str, Any]) -> list[list[int]]:
+        prompt = body.get("prompt")
+        special = body.get("add_special_tokens", True) is not False
+        if isinstance(prompt, str):
+            return [tokenizer.encode_prompt(prompt, special)]
+        if isinstance(prompt, list) and prompt:
+            if all(isinstance(p, str) for p in prompt):
+                return [tokenizer.encode_prompt(p, special) for p in prompt]
+            if all(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
+                return [self._check_ids(prompt)]
+            if all(isinstance(p, list) and p for p in prompt):
+                return [self._check_ids(p) for p in prompt]
+        raise SimError(400, "prompt must be a string, a list of strings or a list of token ids",
+                       "Bad Request", "prompt")
+
+    @staticmethod
+    def _check_ids(ids: list[Any]) -> list[int]:
+        for tid in ids:
+            if not isinstance(tid, int) or isinstance(tid, bool):
+                raise SimError(400, "prompt token ids must be integers", "Bad Request", "prompt")
+            if not 0 <= tid < tokenizer.VOCAB_SIZE:
+                raise bad_request(f"Token id {tid} is out of vocabulary")
+        return list(ids)
+
+    def _limits(self, prompt_len: int, max_tokens: int | None) -> int:
+        limit = self._settings.max_model_len
+        if prompt_len >= limit or (max_tokens is not None and prompt_len + max_tokens > limit):
+            raise errors.context_too_long(limit, prompt_len, max_tokens)
+        return max_tokens if max_tokens is not None else limit - prompt_len
+
+    def _prepare(self, request: Request, exchange: Exchange, record: Record,
+                 body: dict[str, Any], found: Directives, chat: bool) -> Response:
+        s = self._settings
+        model = body.get("model")
+        if model is not None and model != s.model:
+            raise errors.not_found_model(str(model))
+        n = body.get("n")
+        if n is not None and n != 1:
+            raise bad_request("The simulator supports n=1 only.", "n")
+        stream = body.get("stream") is True
+        options = body.get("stream_options")
+        if options is not None and not stream:
+            raise bad_request("Stream options can only be defined when `stream=True`.")
+        options = options if isinstance(options, dict) else {}
+        prompts = [self._chat_prompt(body)] if chat else self._completion_prompts(body)
+        max_tokens = _int_field(body, "max_completion_tokens", 1) if chat else None
+        if max_tokens is None:
+            max_tokens = _int_field(body, "max_tokens", 1)
+        if max_tokens is None and not chat:
+            max_tokens = COMPLETION_DEFAULT_MAX_TOKENS
+        k = self._logprobs(body, chat)
+        interval = _int_field(body, "stream_interval", 1) or 1
+        if found.has("multi_token"):
+            interval = max(interval, MULTI_TOKEN_INTERVAL)
+        fault = found.fault
+        id_fault = fault.name if fault is not None and fault.name in ID_FAULTS else None
+        opts = StreamOptions(
+            return_ids=body.get("return_token_ids") is True,
+            include_usage=options.get("include_usage") is True,
+            continuous=options.get("continuous_usage_stats") is True,
+            logprobs=k, id_fault=id_fault,
+            id_fault_after=fault.arg if id_fault is not None and fault is not None else 0)
+        suffix = request.headers.get("x-request-id") or f"{self._rng.getrandbits(64):016x}"
+        rid = ("chatcmpl-" if chat else "cmpl-") + suffix
+        created = int(time.time())
+        model_name = s.model
+        ignore_eos = body.get("ignore_eos") is True
+        plans = []
+        for prompt_ids in prompts:
+            budget = self._limits(len(prompt_ids), max_tokens)
+            out_len = s.output_length.sample(self._rng)
+            if chat:
+                plan = scenarios.chat_plan(body, found, self._rng, out_len, budget, ignore_eos)
+            else:
+                plan = scenarios.completion_plan(self._rng, out_len, budget, ignore_eos)
+            plans.append((prompt_ids, plan))
+        kv = self._kv_params(body, rid, len(prompts[0])) if not stream else None
+        model_json = orjson.dumps(model_name)
+        frames: ChatFrames | CompletionFrames | None = None
+        build: Callable[[list[ChoiceJob]], bytes]
+        if chat:
+            if stream:
+                frames = ChatFrames(rid, created, model_json, s.fingerprint, opts,
+                                    plans[0][1].empty_delta)
+
+            def build(choices: list[ChoiceJob]) -> bytes:
+                c = choices[0]
+                return bodies.chat(rid, created, model_name, s.fingerprint, toks=c.tokens,
+                                   finish=c.finish, prompt_ids=c.prompt_ids,
+                                   return_ids=opts.return_ids, top_logprobs=k,
+                                   legacy_reasoning=found.has("reasoning_content"),
+                                   id_fault=id_fault, kv_transfer_params=kv)
+        else:
+            if stream:
+                frames = CompletionFrames(rid, created, model_json, s.fingerprint, opts)
+
+            def build(choices: list[ChoiceJob]) -> bytes:
+                outputs = [(c.tokens, c.finish, c.prompt_ids) for c in choices]
+                return bodies.completion(rid, created, model_name, s.fingerprint,
+                                         outputs=outputs, return_ids=opts.return_ids, k=k,
+                                         id_fault=id_fault, kv_transfer_params=kv)
+        response = Response(engine=self._engine, stats=self._stats, record=record,
+                            exchange=exchange, stream=stream, frames=frames, fault=fault,
+                            build_body=build)
+        for index, (prompt_ids, plan) in enumerate(plans):
+            response.add(ChoiceJob(response, index, prompt_ids, plan.tokens, plan.finish,
+                                   interval))
+        return response
+
+    @staticmethod
+    def _logprobs(body: dict[str, Any], chat: bool) -> int | None:
+        if chat:
+            top = _int_field(body, "top_logprobs", 0)
+            if body.get("logprobs") is not True:
+                if top is not None:
+                    raise bad_request(
+                        "when using `top_logprobs`, `logprobs` must be set to true.",
+                        "top_logprobs")
+                return None
+            k = top or 0
+        else:
+            value = _int_field(body, "logprobs", 0)
+            if value is None:
+                return None
+            k = value
+        if k > MAX_LOGPROBS:
+            raise bad_request(f"Requested sample logprobs of {k}, which is greater than max "
+                              f"allowed: {MAX_LOGPROBS}", "logprobs")
+        return k
+
+    def _kv_params(self, body: dict[str, Any], rid: str, prompt_len: int) -> Any:
+        """What a NIXL prefill node returns for ``do_remote_decode`` (opaque to the router)."""
+        asked = body.get("kv_transfer_params")
+        if not isinstance(asked, dict) or asked.get("do_remote_decode") is not True:
+            return None
+        return {"do_remote_prefill": True, "do_remote_decode": False,
+                "remote_block_ids": [list(range(1, 1 + max(1, prompt_len // 16)))],
+                "remote_engine_id": f"sim-{self._settings.seed}", "remote_request_id": rid,
+                "remote_host": "127.0.0.1", "remote_port": 5600, "tp_size": 1,
+                "remote_num_tokens": prompt_len}

@@ -1,0 +1,163 @@
+"""Streaming SSE events in vLLM 0.32's exact bytes, from per-request pre-serialised templates.
+
+Per request the constant parts (id, created, model, option-dependent tails) are built once;
+per event only the delta, the ID list and optional logprobs/usage are spliced in. Field
+order and null placement follow the 0.32 captures in ``reference/transcripts``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from narwhal.sim import faults, logprobs
+from narwhal.sim import segments as sg
+
+DONE = b"data: [DONE]\n\n"
+
+
+@dataclass
+class StreamOptions:
+    """What the client asked for that shapes each event."""
+
+    return_ids: bool = False
+    include_usage: bool = False
+    continuous: bool = False
+    logprobs: int | None = None  # chat: top_logprobs when logprobs is true; completions: k
+    id_fault: str | None = None
+    id_fault_after: int = 0
+
+
+class Choice:
+    """The emission state of one choice that frames read (kept by the stream module)."""
+
+    __slots__ = ("first_sent", "index", "prompt_ids", "prompt_tokens", "sent", "text_offset")
+
+    def __init__(self, index: int, prompt_ids: list[int]) -> None:
+        self.index = index
+        self.prompt_ids = prompt_ids
+        self.prompt_tokens = len(prompt_ids)
+        self.sent = 0  # tokens already rendered into events
+        self.first_sent = False
+        self.text_offset = 0
+
+
+class _Frames:
+    def __init__(self, rid: str, obj: bytes, created: int, model_json: bytes,
+                 fingerprint: str, opts: StreamOptions) -> None:
+        self.opts = opts
+        self.top = b'data: {"id":"' + rid.encode() + b'","object":"' + obj + \
+            b'","created":%d,"model":' % created + model_json + b',"choices":'
+        self.fp = b',"system_fingerprint":"' + fingerprint.encode() + b'"'
+        # The fingerprint rides on the finish event unless a usage frame follows.
+        self.finish_fp = b"" if opts.include_usage else self.fp
+        self.continuous = opts.include_usage and opts.continuous
+
+    def ids_field(self, ids: list[int], produced: int) -> bytes:
+        opts = self.opts
+        if opts.id_fault is not None and produced > opts.id_fault_after:
+            return faults.ids_field(opts.id_fault, ids)
+        if not opts.return_ids:
+            return b',"token_ids":null'
+        return b',"token_ids":' + sg.render_ids(ids)
+
+    def usage_obj(self, prompt: int, completion: int) -> bytes:
+        return b'{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}' % (
+            prompt, prompt + completion, completion)
+
+    def usage_frame(self, prompt: int, completion: int) -> bytes:
+        """The final usage-only frame (no nulls), carrying the fingerprint."""
+        return self.top + b'[],"usage":' + self.usage_obj(prompt, completion) + self.fp + b"}\n\n"
+
+
+class ChatFrames(_Frames):
+    """``chat.completion.chunk`` events of one single-choice request."""
+
+    def __init__(self, rid: str, created: int, model_json: bytes, fingerprint: str,
+                 opts: StreamOptions, empty_delta: bytes) -> None:
+        super().__init__(rid, b"chat.completion.chunk", created, model_json, fingerprint, opts)
+        self.head = self.top + b'[{"index":0,"delta":'
+        self.empty = empty_delta
+        self.plain_tail = b',"logprobs":null,"finish_reason":null'
+        self.quiet = not opts.return_ids and opts.logprobs is None and opts.id_fault is None
+
+    def _cont(self, prompt: int, completion: int) -> bytes:
+        if not self.continuous:
+            return b""
+        return b',"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d,' \
+            b'"completion_tokens_details":null}' % (prompt, prompt + completion, completion)
+
+    def role(self, choice: Choice) -> bytes:
+        ids = sg.render_ids(choice.prompt_ids) if self.opts.return_ids else b"null"
+        return (self.head + b'{"role":"assistant","content":""},"logprobs":null,'
+                b'"finish_reason":null}]' + self._cont(choice.prompt_tokens, 0)
+                + b',"prompt_token_ids":' + ids + b',"prompt_text":null}\n\n')
+
+    def events(self, choice: Choice, toks: list[sg.Tok], finish: str | None) -> list[bytes]:
+        """Events for the tokens produced since the last call; ``finish`` marks the last."""
+        out: list[bytes] = []
+        if not choice.first_sent:
+            choice.first_sent = True
+            out.append(self.role(choice))
+        groups: list[tuple[sg.Seg | None, list[sg.Tok]]]
+        if len(toks) == 1 and finish is None:
+            only = toks[0][0]
+            groups = [(None if only is sg.NONE else only, toks)]
+        else:
+            groups = sg.group(toks)
+        last = len(groups) - 1
+        count = choice.sent
+        for n, (seg, run) in enumerate(groups):
+            count += len(run)
+            fin = finish if n == last else None
+            if seg is None and fin is None and self.quiet:
+                continue  # vLLM sends ID-only events only when IDs or logprobs were asked
+            delta = sg.delta_of(seg, run, self.empty)
+            k = self.opts.logprobs
+            lp = b"null" if k is None else logprobs.chat(run, k)
+            ids = self.ids_field([t[1] for t in run], count)
+            cont = self._cont(choice.prompt_tokens, count)
+            if fin is None:
+                out.append(self.head + delta + b',"logprobs":' + lp + b',"finish_reason":null'
+                           + ids + b"}]" + cont + b"}\n\n")
+            else:
+                out.append(self.head + delta + b',"logprobs":' + lp + b',"finish_reason":"'
+                           + fin.encode() + b'","stop_reason":null' + ids + b"}]" + cont
+                           + self.finish_fp + b"}\n\n")
+        choice.sent = count
+        return out
+
+
+class CompletionFrames(_Frames):
+    """``text_completion`` events; one request may carry several choices (prompts)."""
+
+    def __init__(self, rid: str, created: int, model_json: bytes, fingerprint: str,
+                 opts: StreamOptions) -> None:
+        super().__init__(rid, b"text_completion", created, model_json, fingerprint, opts)
+        self.head = self.top + b'[{"index":'
+
+    def events(self, choice: Choice, toks: list[sg.Tok], finish: str | None) -> list[bytes]:
+        count = choice.sent + len(toks)
+        text = toks[0][2] if len(toks) == 1 else b"".join(t[2] for t in toks)
+        k = self.opts.logprobs
+        if k is None:
+            lp = b"null"
+        else:
+            lp, choice.text_offset = logprobs.completion(toks, k, choice.text_offset)
+        if not choice.first_sent and self.opts.return_ids:
+            prompt_ids = sg.render_ids(choice.prompt_ids)
+        else:
+            prompt_ids = b"null"
+        choice.first_sent = True
+        fin = b"null" if finish is None else b'"' + finish.encode() + b'"'
+        cont = b""
+        if self.continuous:
+            cont = b',"usage":' + self.usage_obj(choice.prompt_tokens, count)
+        ids = self.ids_field([t[1] for t in toks], count)
+        choice.sent = count
+        return [self.head + b"%d" % choice.index + b',"text":"' + text + b'","logprobs":' + lp
+                + b',"finish_reason":' + fin + b',"stop_reason":null,"prompt_token_ids":'
+                + prompt_ids + ids + b"}]" + cont + (self.finish_fp if finish else b"")
+                + b"}\n\n"]
+
+
+Frames = ChatFrames | CompletionFrames
