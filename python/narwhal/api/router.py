@@ -15,11 +15,14 @@ from narwhal._narwhal_fast import Board, Ticket
 from narwhal.admission.gate import AdmissionQueue, Deadlines
 from narwhal.admission.sizing import EstimateSizer, Sizer
 from narwhal.admission.validate import parse_request
+from narwhal.api.admin import AdminApi
 from narwhal.api.metrics import BoardCollector, render
 from narwhal.config import Config
 from narwhal.errors import Refusal
 from narwhal.fleet.engine import Engine
 from narwhal.fleet.health import HealthMonitor
+from narwhal.fleet.state import RouterState
+from narwhal.learning import Learning
 from narwhal.scheduling.placement import Scheduler
 from narwhal.server.http import EarlyResponse, Request, Responder
 from narwhal.server.responses import error_body, refusal_response
@@ -69,6 +72,9 @@ class Router:
         )
         self.sizer: Sizer = sizer or EstimateSizer()
         self.health = HealthMonitor(self.engines, config.health, self._engine_changed)
+        self.state = RouterState(config, self.engines, self.health)
+        self.learning = Learning(self.engines)
+        self.admin = AdminApi(self)
         self.collector = BoardCollector(board, lambda: [e.name for e in self.engines])
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self.collector)
@@ -80,9 +86,11 @@ class Router:
     async def start(self) -> None:
         await self.health.probe_all()
         self.health.start()
+        await self.state.start()
         self.started = True
 
     async def stop(self) -> None:
+        await self.state.stop()
         await self.health.stop()
         await asyncio.gather(*(e.client.close() for e in self.engines))
 
@@ -94,7 +102,7 @@ class Router:
     # -- router state ----------------------------------------------------------------------
     def state_refusal(self) -> str | None:
         """The router-state refusal code in force, if any (SPEC §4 last row)."""
-        return None
+        return self.state.refusal()
 
     def ready_reason(self) -> str | None:
         if self.draining:
@@ -146,7 +154,9 @@ class Router:
             await self.completion(request, responder, ctx)
             return
         path = request.path
-        if path in COMPLETION_ROUTES or (path in INFO_ROUTES and request.method != "GET"):
+        if path.startswith("/admin/"):
+            await self.admin.handle(request, responder)
+        elif path in COMPLETION_ROUTES or (path in INFO_ROUTES and request.method != "GET"):
             self._plain_error(responder, 405, "method_not_allowed", "Method not allowed")
         elif path in INFO_ROUTES:
             self.info(path, responder)
@@ -227,7 +237,9 @@ class Router:
         for engine in self.engines:
             row = inflight[engine.index] if engine.index < len(inflight) else {}
             phases = {"prefill": int(row.get("prefill", 0)), "decode": int(row.get("decode", 0))}
-            out.append(engine.describe(phases))
+            described = engine.describe(phases)
+            described["learned"] = self.learning.describe(engine)
+            out.append(described)
         return out
 
     @staticmethod

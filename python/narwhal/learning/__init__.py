@@ -1,1 +1,5 @@
-"""Narwhal learning."""
+"""Narwhal learning: latency model, profiling, TPOT, drift, output length."""
+
+from narwhal.learning.model import Learning
+
+__all__ = ["Learning"]

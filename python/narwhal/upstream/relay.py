@@ -202,6 +202,9 @@ class Relay:
     def _first_token(self, now: float) -> None:
         self.first_token_at = now
         self.router.board.observe("ttft", now - self.ctx.arrival)
+        self.router.learning.on_first_token(
+            self.engine, self.ctx.prompt_tokens, now - self.dispatched_at
+        )
         if self.phase == "prefill" and self.prefill is not None:
             self.prefill.release()
             self.prefill = None
@@ -315,5 +318,10 @@ class Relay:
             return
         tokens = session.output_tokens
         board.observe("output_tokens", float(tokens))
-        if tokens > 1 and self.last_token_at > self.first_token_at:
-            board.observe("tpot", (self.last_token_at - self.first_token_at) / (tokens - 1))
+        decode_s = self.last_token_at - self.first_token_at
+        if tokens > 1 and decode_s > 0:
+            board.observe("tpot", decode_s / (tokens - 1))
+        if self.outcome == ("completed", None):
+            self.router.learning.on_end(
+                self.engine, self.parsed.route, self.parsed.max_tokens, tokens, decode_s
+            )
