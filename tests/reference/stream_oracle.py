@@ -1,0 +1,317 @@
+"""Pure-Python reference of the Rust StreamSession: readable and slow, for tests only.
+
+Same interface and semantics as ``narwhal._narwhal_fast.StreamSession``. Where exposure
+rewrites an event it re-serialises the JSON compactly (``json.dumps`` with
+``ensure_ascii=False``), so byte equality with the Rust path holds for canonical compact
+engine JSON, which is what the property tests generate.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+from .assemble_oracle import Assembler
+from .oracle_json import (
+    OUTPUT_KEYS,
+    U64_MAX,
+    StreamError,
+    delta_of,
+    dumps,
+    is_uint,
+    malformed,
+    noun,
+    want,
+)
+
+MAX_EVENT_BYTES = 16 << 20
+OPEN, DONE, FAILED = 0, 1, 2
+DONE_BYTES = b"data: [DONE]\n\n"
+_EOL = re.compile(rb"[\r\n]")
+
+
+class SseFramer:
+    """text/event-stream lines (LF, CRLF, CR; split anywhere) into (payload, data lines)."""
+
+    def __init__(self) -> None:
+        self.line = b""
+        self.data: list[bytes] = []
+        self.skip_lf = False
+
+    def data_len(self) -> int:
+        return sum(map(len, self.data)) + max(0, len(self.data) - 1)
+
+    def feed(self, chunk: bytes) -> Iterator[tuple[bytes, int]]:
+        pos = 0
+        if self.skip_lf and chunk:
+            pos = 1 if chunk[:1] == b"\n" else 0
+            self.skip_lf = False
+        while pos < len(chunk):
+            m = _EOL.search(chunk, pos)
+            if m is None:
+                self.line += chunk[pos:]
+                if len(self.line) + self.data_len() > MAX_EVENT_BYTES:
+                    raise malformed(f"engine event exceeds {MAX_EVENT_BYTES} bytes")
+                return
+            eol = nxt = m.start()
+            nxt += 1
+            if chunk[eol] == 0x0D:
+                if eol + 1 == len(chunk):
+                    self.skip_lf = True
+                elif chunk[eol + 1] == 0x0A:
+                    nxt += 1
+            line, self.line = self.line + chunk[pos:eol], b""
+            event = self.line_done(line)
+            if event is not None:
+                yield event
+            if self.data_len() > MAX_EVENT_BYTES:
+                raise malformed(f"engine event exceeds {MAX_EVENT_BYTES} bytes")
+            pos = nxt
+
+    def line_done(self, line: bytes) -> tuple[bytes, int] | None:
+        if not line:
+            if not self.data:
+                return None
+            event = (b"\n".join(self.data), len(self.data))
+            self.data = []
+            return event
+        if line.startswith(b"data:"):
+            value = line[5:]
+        elif line == b"data":
+            value = b""
+        else:
+            return None  # comments, event:/id:/retry:, unknown fields
+        self.data.append(value[1:] if value.startswith(b" ") else value)
+        return None
+
+
+def _reject_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse_event(payload: bytes) -> dict[str, Any]:
+    """JSON, UTF-8 and the field types the router reads (the Rust parser's checks)."""
+    try:
+        text = payload.decode("utf-8")
+    except UnicodeDecodeError:
+        raise malformed("engine event is not valid UTF-8") from None
+    try:
+        ev = json.loads(text, parse_constant=_reject_constant)
+    except ValueError as e:
+        raise malformed(f"engine event is not valid: {e}") from None
+    if not isinstance(ev, dict):
+        raise malformed("engine event is not valid: not an object")
+    want(ev.get("usage"), dict, "usage")
+    for c in want(ev.get("choices"), list, "choices") or []:
+        if not isinstance(c, dict):
+            raise malformed("engine event is not valid: each choice must be an object")
+        want(c.get("text"), str, "text")
+        want(c.get("finish_reason"), str, "finish_reason")
+        delta = want(c.get("delta"), dict, "delta") or {}
+        for key in ("role", "content", "reasoning", "reasoning_content", "refusal"):
+            want(delta.get(key), str, f"delta.{key}")
+        want(delta.get("tool_calls"), list, "delta.tool_calls")
+        want(delta.get("function_call"), dict, "delta.function_call")
+    return ev
+
+
+def is_error(ev: dict[str, Any]) -> bool:
+    return ev.get("error") is not None or ev.get("object") == "error"
+
+
+def error_message(ev: dict[str, Any]) -> str:
+    err = ev.get("error")
+    if isinstance(err, dict) and isinstance(err.get("message"), str):
+        return err["message"]
+    if isinstance(err, str):
+        return err
+    if isinstance(ev.get("message"), str):
+        return str(ev["message"])
+    return "engine reported an error"
+
+
+def validate_ids(ids: object, what: str) -> int:
+    """A list of nonnegative integers within u64; returns how many."""
+    if not isinstance(ids, list):
+        raise malformed(f"{what} must be a list of nonnegative integers, got {noun(ids)}")
+    for i, v in enumerate(ids):
+        if isinstance(v, bool):
+            raise malformed(f"{what}[{i}] is a Boolean ({json.dumps(v)}), not an integer")
+        if not isinstance(v, int):
+            raise malformed(f"{what}[{i}] is {noun(v)}, not an integer")
+        if v < 0:
+            raise malformed(f"{what}[{i}] is negative ({v})")
+        if v > U64_MAX:
+            raise malformed(f"{what}[{i}] exceeds the 64-bit range ({v})")
+    return len(ids)
+
+
+def carries_output(choice: dict[str, Any]) -> bool:
+    delta = delta_of(choice)
+    return choice.get("text") is not None or (
+        delta.get("role") is None and any(delta.get(k) is not None for k in OUTPUT_KEYS)
+    )
+
+
+def is_usage_only(ev: dict[str, Any]) -> bool:
+    return ev.get("usage") is not None and ev.get("choices") == []
+
+
+def is_id_only(ev: dict[str, Any]) -> bool:
+    choices = ev.get("choices") or []
+    return (
+        ev.get("usage") is None
+        and len(choices) > 0
+        and all(
+            c.get("finish_reason") is None
+            and c.get("logprobs") is None
+            and all(v is None for v in delta_of(c).values())
+            for c in choices
+        )
+    )
+
+
+def sse(payload: bytes) -> bytes:
+    return b"data: " + payload.replace(b"\n", b"\ndata: ") + b"\n\n"
+
+
+class StreamSession:
+    """One engine attempt: feed() each network read; same interface as the Rust class."""
+
+    def __init__(
+        self,
+        route: str,
+        *,
+        assemble: bool,
+        expose_token_ids: bool,
+        drop_usage: bool,
+        require_token_ids: bool,
+        prompt_tokens: int = 0,
+    ) -> None:
+        if route not in ("chat", "completion"):
+            raise ValueError(f'route must be "chat" or "completion", got {route!r}')
+        self.chat = route == "chat"
+        self.assemble, self.expose, self.drop_usage = assemble, expose_token_ids, drop_usage
+        self.require, self.prompt_tokens = require_token_ids, prompt_tokens
+        self.framer = SseFramer()
+        self.asm = Assembler(self.chat, expose_token_ids) if assemble else None
+        self.state = OPEN
+        self.failure: tuple[str, str] | None = None
+        self.engine_error: bytes | None = None
+        self.engine_error_message: str | None = None
+        self.engine_usage_completion_tokens: int | None = None
+        self.events = self.ids_total = self.output_events = 0
+        self.out = bytearray()
+        self.read_count = 0
+
+    @property
+    def output_tokens(self) -> int:
+        if self.engine_usage_completion_tokens is not None:
+            return self.engine_usage_completion_tokens
+        return self.ids_total if self.require else self.output_events
+
+    @property
+    def started(self) -> bool:
+        return self.events > 0
+
+    def feed(self, data: bytes) -> tuple[bytes, int, int]:
+        self.out, self.read_count = bytearray(), 0
+        if self.state == OPEN:
+            try:
+                for payload, lines in self.framer.feed(data):
+                    if not self.on_event(payload, lines):
+                        break
+            except StreamError as e:
+                self.fail(e)
+        return bytes(self.out), self.read_count, self.state
+
+    def fail(self, e: StreamError) -> None:
+        self.state, self.failure = FAILED, (e.code, e.message)
+
+    def on_event(self, payload: bytes, lines: int) -> bool:
+        if payload == b"[DONE]":
+            self.state = DONE
+            if not self.assemble:
+                self.out += DONE_BYTES
+            return False
+        try:
+            self.process(payload, lines)
+        except StreamError as e:
+            self.fail(e)
+            return False
+        return True
+
+    def process(self, payload: bytes, lines: int) -> None:
+        ev = parse_event(payload)
+        if is_error(ev):
+            if self.engine_error is None:
+                self.engine_error, self.engine_error_message = payload, error_message(ev)
+            if not self.assemble:
+                self.out += sse(payload)
+            self.events += 1
+            return
+        ids, carrying = self.check_ids(ev)
+        usage = ev.get("usage") or {}
+        completion_tokens = usage.get("completion_tokens")
+        if completion_tokens is not None and not is_uint(completion_tokens):
+            raise malformed(
+                f"usage.completion_tokens must be a nonnegative integer, got {completion_tokens!r}"
+            )
+        if self.asm is not None:
+            self.asm.prepare(ev)
+            self.asm.apply(ev)
+        else:
+            self.expose_event(payload, ev)
+        self.events += 1
+        self.ids_total += ids
+        self.output_events += carrying
+        self.read_count += ids if self.require else int(carrying)
+        if completion_tokens is not None:
+            self.engine_usage_completion_tokens = completion_tokens
+
+    def check_ids(self, ev: dict[str, Any]) -> tuple[int, bool]:
+        if ev.get("prompt_token_ids") is not None:
+            validate_ids(ev["prompt_token_ids"], "prompt_token_ids")
+        ids, carrying = 0, False
+        for c in ev.get("choices") or []:
+            out = carries_output(c)
+            carrying |= out
+            if c.get("token_ids") is not None:
+                ids += validate_ids(c["token_ids"], "token_ids")
+            elif out and self.require:
+                raise malformed(
+                    "an event carrying generated output has no token_ids (missing or null)"
+                )
+            if c.get("prompt_token_ids") is not None:
+                validate_ids(c["prompt_token_ids"], "prompt_token_ids")
+        return ids, carrying
+
+    def expose_event(self, payload: bytes, ev: dict[str, Any]) -> None:
+        if self.drop_usage and is_usage_only(ev):
+            return
+        if self.expose:
+            self.out += sse(payload)
+            return
+        if self.chat and is_id_only(ev):
+            return
+        rewrite = ev.get("prompt_token_ids") is not None
+        if rewrite:
+            ev["prompt_token_ids"] = None
+        for c in ev.get("choices") or []:
+            for key in ("prompt_token_ids", "token_ids"):
+                if c.get(key) is not None:
+                    c[key], rewrite = None, True
+        self.out += sse(dumps(ev) if rewrite else payload)
+
+    def finish(self) -> bytes:
+        if self.asm is None:
+            raise ValueError("finish() is only available in assemble mode")
+        if self.engine_error_message is not None:
+            raise StreamError("engine_error", self.engine_error_message)
+        if self.failure is not None:
+            raise StreamError(*self.failure)
+        if self.state != DONE:
+            raise malformed("engine stream ended before [DONE]")
+        return self.asm.body(self.prompt_tokens, self.output_tokens)
