@@ -84,3 +84,66 @@ class Slot:
 
 def acquire_slot(board: Board, engine: int, phase: str, limit: int) -> Slot | None:
     """Same as board.acquire_slot(engine, phase, limit)."""
+
+# --- stream core (rust/narwhal_core/src/session.rs and friends) ---------------------------
+
+class StreamError(ValueError):
+    """An engine stream failed or cannot be assembled. code: malformed_engine_output |
+    unsupported_engine_field | engine_error; message: what was wrong."""
+
+    code: str
+    message: str
+
+@final
+class StreamSession:
+    """One engine attempt's response body, fed one network read at a time.
+
+    route "chat" | "completion" (ValueError otherwise). assemble: build one non-streaming
+    body (finish()) instead of forwarding events. expose_token_ids: the client asked for
+    return_token_ids (else token_ids/prompt_token_ids become null and ID-only chat events
+    are dropped). drop_usage: drop usage-only frames. require_token_ids: every event
+    carrying generated output must carry a valid token_ids list. prompt_tokens: for usage
+    computed when the engine sends none.
+    """
+
+    def __new__(
+        cls,
+        route: str,
+        *,
+        assemble: bool,
+        expose_token_ids: bool,
+        drop_usage: bool,
+        require_token_ids: bool,
+        prompt_tokens: int = 0,
+    ) -> StreamSession: ...
+    def feed(self, data: bytes) -> tuple[bytes, int, int]:
+        """One engine read (de-chunked body bytes, any split). Returns (bytes to write to
+        the client now, b"" when assembling; token IDs validated in this read, or without
+        require_token_ids the events carrying output; state 0 open, 1 done ([DONE] seen),
+        2 failed). After done or failed: (b"", 0, state)."""
+    def finish(self) -> bytes:
+        """Assemble mode: the vLLM-shaped non-streaming body. StreamError (engine_error,
+        malformed_engine_output, unsupported_engine_field) when the stream reported an
+        error, failed, ended before [DONE], or a tool call lacks an id or name; ValueError
+        when not assembling."""
+    @property
+    def failure(self) -> tuple[str, str] | None:
+        """(code, message) once failed."""
+    @property
+    def engine_error(self) -> bytes | None:
+        """The raw JSON of the first engine error event."""
+    @property
+    def output_tokens(self) -> int:
+        """The engine's usage completion_tokens when it sent usage, else validated IDs (or
+        events carrying output without require_token_ids)."""
+    @property
+    def engine_usage_completion_tokens(self) -> int | None: ...
+    @property
+    def events(self) -> int:
+        """Events accepted so far, not counting [DONE]."""
+    @property
+    def started(self) -> bool:
+        """At least one event was accepted."""
+    @property
+    def state(self) -> int:
+        """0 open, 1 done, 2 failed."""
