@@ -19,7 +19,7 @@ import orjson
 
 from narwhal.sim.app import SimApp
 from narwhal.sim.engine import Engine
-from narwhal.sim.http import Connection
+from narwhal.sim.http import Connection, WriteBatch
 from narwhal.sim.settings import SimSettings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -146,12 +146,13 @@ class Harness:
         base.update(overrides)
         self.settings = settings or SimSettings(**base)  # type: ignore[arg-type]
         self.loop = asyncio.get_running_loop()
-        self.engine = Engine(self.settings, self.loop)
+        self.batch = WriteBatch()
+        self.engine = Engine(self.settings, self.loop, self.batch)
         self.app = SimApp(self.settings, self.engine)
         self.connections: set[Connection] = set()
 
     def connect(self) -> tuple[Connection, FakeTransport]:
-        conn = Connection(self.app, self.loop, 0.0, self.connections)
+        conn = Connection(self.app, self.loop, 0.0, self.connections, self.batch)
         transport = FakeTransport(self.loop)
         transport.protocol = conn
         conn.connection_made(transport)  # type: ignore[arg-type]

@@ -27,18 +27,42 @@ class Job(Protocol):
         ...
 
 
+class Batch(Protocol):
+    """Coalesces the writes made during one engine callback (see ``http.WriteBatch``)."""
+
+    def hold(self) -> None: ...
+    def release(self) -> None: ...
+
+
+class _NoBatch:
+    def hold(self) -> None:
+        pass
+
+    def release(self) -> None:
+        pass
+
+
+# uvloop's clock and timers have 1 ms resolution: shorter steps run in bursts per firing.
+TIMER_RESOLUTION = 0.001
+ZERO_TPOT_BURST = 8  # steps per callback when the step time is 0 (as fast as possible)
+MAX_BURST = 64
+
+
 class Engine:
     """Owns the waiting queue, the prefill slot and the running batch."""
 
-    def __init__(self, settings: SimSettings, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, settings: SimSettings, loop: asyncio.AbstractEventLoop,
+                 batch: Batch | None = None) -> None:
         self._settings = settings
         self._loop = loop
+        self._batch: Batch = batch if batch is not None else _NoBatch()
         self._waiting: deque[Job] = deque()
         self._prefilling: Job | None = None
         self._prefill_handle: asyncio.TimerHandle | None = None
         self._running: dict[Job, None] = {}
         self._step_handle: asyncio.TimerHandle | asyncio.Handle | None = None
         self._clock = 0.0  # scheduled time of the last decode step
+        self._burst = 1  # decode steps the next callback runs
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
 
@@ -96,9 +120,13 @@ class Engine:
         if job is not None:
             self.prompt_tokens_total += job.prompt_tokens
             self.generation_tokens_total += 1
-            if not job.advance():
-                self._running[job] = None
-                self._schedule_step(fresh=True)
+            self._batch.hold()
+            try:
+                if not job.advance():
+                    self._running[job] = None
+                    self._schedule_step(fresh=True)
+            finally:
+                self._batch.release()
         self._start_prefill()
 
     # -- decode
@@ -109,8 +137,14 @@ class Engine:
     def _schedule_step(self, fresh: bool = False) -> None:
         if self._step_handle is not None or not self._running:
             return
+        step = self._step_time()
+        burst = 1
+        if step < TIMER_RESOLUTION:
+            burst = ZERO_TPOT_BURST if step <= 0 else min(MAX_BURST,
+                                                          int(TIMER_RESOLUTION / step))
+        self._burst = burst
         now = self._loop.time()
-        at = now + self._step_time() if fresh else max(self._clock + self._step_time(), now)
+        at = now + step * burst if fresh else max(self._clock + step * burst, now)
         self._clock = at
         if at <= now:
             self._step_handle = self._loop.call_soon(self._step)
@@ -120,9 +154,16 @@ class Engine:
     def _step(self) -> None:
         self._step_handle = None
         running = self._running
-        batch = tuple(running)
-        for job in batch:
-            if job in running and job.advance():
-                running.pop(job, None)
-        self.generation_tokens_total += len(batch)
+        self._batch.hold()
+        try:
+            for _ in range(self._burst):
+                if not running:
+                    break
+                batch = tuple(running)
+                for job in batch:
+                    if job in running and job.advance():
+                        running.pop(job, None)
+                self.generation_tokens_total += len(batch)
+        finally:
+            self._batch.release()
         self._schedule_step()

@@ -6,7 +6,7 @@ import asyncio
 
 from narwhal.sim.app import SimApp
 from narwhal.sim.engine import Engine
-from narwhal.sim.http import HttpServer
+from narwhal.sim.http import HttpServer, WriteBatch
 from narwhal.sim.settings import SimSettings
 
 
@@ -30,9 +30,10 @@ class Simulator:
         if self._server is not None:
             raise RuntimeError("simulator already started")
         loop = asyncio.get_running_loop()
-        self._engine = Engine(self.settings, loop)
+        batch = WriteBatch()
+        self._engine = Engine(self.settings, loop, batch)
         self.app = SimApp(self.settings, self._engine)
-        self._server = HttpServer(self.app, self.settings.keepalive_timeout_s)
+        self._server = HttpServer(self.app, self.settings.keepalive_timeout_s, batch)
         self.host = host
         self.port = await self._server.start(host, port)
         return self.port
