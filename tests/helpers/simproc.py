@@ -250,3 +250,21 @@ def wait_until(predicate: Any, timeout: float = 5.0, interval: float = 0.02) -> 
             return True
         time.sleep(interval)
     return bool(predicate())
+
+
+def event_json(events: list[bytes]) -> list[Any]:
+    """Parse ``data: {...}`` events (``[DONE]`` is kept as the string ``"[DONE]"``)."""
+    out: list[Any] = []
+    for event in events:
+        assert event.startswith(b"data: "), event
+        payload = event[6:]
+        out.append("[DONE]" if payload == b"[DONE]" else orjson.loads(payload))
+    return out
+
+
+def run_async(coro: Any, timeout: float = 20.0) -> Any:
+    """Run one coroutine to completion with an overall time limit."""
+    async def bounded() -> Any:
+        return await asyncio.wait_for(coro, timeout)
+
+    return asyncio.run(bounded())

@@ -94,7 +94,7 @@ def _tool_tokens(calls: list[tuple[str, str]], interleave: bool, id_only: bool,
         per_call.append(toks)
     out: list[sg.Tok] = []
     if interleave and len(per_call) > 1:
-        # head0 a0 head1 a1 a0 a1 ...: fragments of the calls alternate by index.
+        # head0 head1 a0 a1 a0 a1 ...: fragments of the calls alternate by index.
         longest = max(len(t) for t in per_call)
         for i in range(longest):
             for toks in per_call:
