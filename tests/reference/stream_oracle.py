@@ -139,8 +139,11 @@ def validate_ids(ids: object, what: str) -> int:
     for i, v in enumerate(ids):
         if isinstance(v, bool):
             raise malformed(f"{what}[{i}] is a Boolean ({json.dumps(v)}), not an integer")
+        if isinstance(v, float):
+            raise malformed(f"{what}[{i}] is not an integer ({v!r})")
         if not isinstance(v, int):
-            raise malformed(f"{what}[{i}] is {noun(v)}, not an integer")
+            kind = "a nested list" if isinstance(v, list) else noun(v)
+            raise malformed(f"{what}[{i}] is {kind}, not an integer")
         if v < 0:
             raise malformed(f"{what}[{i}] is negative ({v})")
         if v > U64_MAX:
