@@ -15,6 +15,7 @@ from collections.abc import Callable
 import uvloop
 
 from narwhal._narwhal_fast import Board
+from narwhal.admission.wake import WorkerWake
 from narwhal.api.router import Router
 from narwhal.config import Config
 from narwhal.server.http import HttpServer, ServerLimits
@@ -41,10 +42,14 @@ async def run_worker(
     port: int,
     reuse_port: bool,
     on_ready: Callable[[int], None],
+    wake_fds: tuple[int, list[int]] | None = None,
 ) -> None:
     """Serve until SIGTERM/SIGINT, then drain in-flight requests within the grace period."""
     loop = asyncio.get_running_loop()
     router = Router(config, board)
+    if wake_fds is not None:
+        wake = WorkerWake(loop, wake_fds[0], wake_fds[1], router.queue.kick)
+        router.queue.notify_peers = wake.notify
     server = HttpServer(
         router,
         limits_of(config),
@@ -95,11 +100,13 @@ def _serve_workers(config: Config, workers: int, extra: str) -> int:
     holder.bind((config.listen.host, config.listen.port))
     port = holder.getsockname()[1]
     read_end, write_end = os.pipe()
+    wake_pipes = [os.pipe() for _ in range(workers)]
     children: list[int] = []
-    for _ in range(workers):
+    for n in range(workers):
         pid = os.fork()
         if pid == 0:  # worker
             os.close(read_end)
+            wake_fds = (wake_pipes[n][0], [w for i, (_, w) in enumerate(wake_pipes) if i != n])
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             code = 0
             try:
@@ -115,6 +122,7 @@ def _serve_workers(config: Config, workers: int, extra: str) -> int:
                         port=port,
                         reuse_port=True,
                         on_ready=ready,
+                        wake_fds=wake_fds,
                     )
                 )
             except BaseException:

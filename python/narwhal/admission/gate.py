@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from narwhal._narwhal_fast import Ticket
@@ -52,6 +52,7 @@ class AdmissionQueue:
         self.queue_limit = queue_limit
         self.max_wait_s = max_wait_s
         self.waiters: deque[asyncio.Future[Placement]] = deque()
+        self.notify_peers: Callable[[], None] | None = None  # other workers' queues
 
     async def place(self, ticket: Ticket, deadlines: Deadlines) -> tuple[Placement, float]:
         """A placement (holding a prefill slot) and the seconds spent waiting for it."""
@@ -89,6 +90,12 @@ class AdmissionQueue:
             except ValueError:
                 pass
         return placement, loop.time() - start
+
+    def capacity_freed(self) -> None:
+        """A slot of this worker was released: place local waiters, and wake the peers."""
+        self.kick()
+        if self.notify_peers is not None:
+            self.notify_peers()
 
     def kick(self) -> None:
         """Capacity may have freed: place waiting requests, oldest first."""

@@ -210,7 +210,7 @@ class Relay:
             self.prefill = None
             self.phase = "decode"
             self.decode = self.router.scheduler.enter_decode(self.engine)
-            self.router.queue.kick()
+            self.router.queue.capacity_freed()
 
     def _stream_state(self, state: int) -> None:
         session = self.session
@@ -306,7 +306,7 @@ class Relay:
         self.prefill = self.decode = None
         self.responder.set_flow_listener(None, None)
         if phase is not None:
-            self.router.queue.kick()
+            self.router.queue.capacity_freed()
 
     # -- measurements ----------------------------------------------------------------------
     def observe_end(self) -> None:
