@@ -212,3 +212,19 @@ def test_sigterm_drains_inflight_stream(engines: list[Proc], tmp_path: object) -
         assert proc.wait(15) == 0
     finally:
         proc.stop()
+
+
+def test_prompt_is_sized_by_the_engines_tokenizer(router: Proc, engines: list[Proc]) -> None:
+    messages = [{"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "How many tokens is this prompt, exactly?"}]
+    req = urllib.request.Request(engines[0].url + "/tokenize", data=json.dumps(
+        {"model": MODEL, "messages": messages, "add_generation_prompt": True}).encode())
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        count = json.loads(resp.read())["count"]
+    before = metrics(router.url)
+    status, _, raw = raw_post(router.url, "/v1/chat/completions",
+                              {"model": MODEL, "messages": messages, "max_tokens": 3})
+    assert status == 200
+    assert json.loads(raw)["usage"]["prompt_tokens"] == count
+    after = metrics(router.url)
+    assert after["narwhal_offered_prompt_tokens_total"] - before["narwhal_offered_prompt_tokens_total"] == count

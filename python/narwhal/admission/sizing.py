@@ -1,16 +1,19 @@
-"""Workload sizing: how many prompt tokens a validated request brings (estimate or tokenizer)."""
+"""Workload sizing: how many prompt tokens a validated request brings."""
 
 from __future__ import annotations
 
 import asyncio
 import importlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Executor
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
 from narwhal.admission.validate import Parsed
+
+if TYPE_CHECKING:
+    from narwhal.fleet.engine import Engine
 
 CHARS_PER_TOKEN = 4
 TOKENS_PER_MESSAGE = 4  # role and separators the chat template adds around each message
@@ -112,3 +115,65 @@ def prompt_texts(parsed: Parsed) -> Iterator[str]:
     tools = body.get("tools")
     if tools:
         yield orjson.dumps(tools).decode()
+
+
+class EngineSizer:
+    """Asks an engine's ``/tokenize`` (vLLM and SGLang have it) for the exact prompt count.
+
+    Engines are asked in turn among those serving; any failure, a timeout or a prompt shape
+    ``/tokenize`` cannot take (a list of prompts) falls back to the estimate, so sizing never
+    blocks a request for longer than ``timeout_s``.
+    """
+
+    DIALECTS = frozenset({"vllm", "sglang"})
+
+    def __init__(self, engines: Sequence[Engine], *, timeout_s: float = 0.5) -> None:
+        self._engines = [e for e in engines if e.config.dialect in self.DIALECTS]
+        self._timeout_s = timeout_s
+        self._turn = 0
+
+    async def size(self, parsed: Parsed) -> int:
+        body = self._tokenize_body(parsed)
+        serving = [e for e in self._engines if e.serves()]
+        if body is None or not serving:
+            return EstimateSizer.size_now(parsed)
+        self._turn = (self._turn + 1) % len(serving)
+        engine = serving[self._turn]
+        try:
+            status, _, data = await engine.client.fetch(
+                "POST", "/tokenize", orjson.dumps(body), timeout_s=self._timeout_s
+            )
+            if status == 200:
+                count = orjson.loads(data).get("count")
+                if isinstance(count, int) and not isinstance(count, bool) and count >= 0:
+                    return count
+        except Exception:  # an engine that cannot tokenize must not fail the request
+            pass
+        return EstimateSizer.size_now(parsed)
+
+    @staticmethod
+    def _tokenize_body(parsed: Parsed) -> dict[str, Any] | None:
+        body = parsed.body
+        if parsed.route == "chat":
+            out: dict[str, Any] = {"model": parsed.model, "messages": body["messages"],
+                                   "add_generation_prompt": True}
+            if body.get("tools"):
+                out["tools"] = body["tools"]
+            return out
+        prompt = body.get("prompt")
+        if isinstance(prompt, str):
+            return {"model": parsed.model, "prompt": prompt}
+        return None  # token ids are counted exactly by the estimate; lists of prompts too
+
+
+def make_sizer(mode: str, engines: Sequence[Engine], tokenizer: str | None) -> Sizer:
+    """``auto``: the local tokenizer when configured, else the engines' ``/tokenize``, else the
+    estimate (SPEC §9 "workload sizing")."""
+    if mode == "tokenizer" or (mode == "auto" and tokenizer):
+        if not tokenizer:
+            raise ValueError("admission.sizing: tokenizer needs the `tokenizer` key")
+        return TokenizerSizer(tokenizer)
+    if mode == "engine" or (mode == "auto" and any(e.config.dialect in EngineSizer.DIALECTS
+                                                   for e in engines)):
+        return EngineSizer(engines)
+    return EstimateSizer()

@@ -13,7 +13,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from narwhal._narwhal_fast import Board, Ticket
 from narwhal.admission.gate import AdmissionQueue, Deadlines
-from narwhal.admission.sizing import EstimateSizer, Sizer
+from narwhal.admission.sizing import Sizer, make_sizer
 from narwhal.admission.validate import parse_request
 from narwhal.api.admin import AdminApi
 from narwhal.api.metrics import BoardCollector, render
@@ -70,7 +70,9 @@ class Router:
         self.queue = AdmissionQueue(
             self.scheduler, config.admission.queue_limit, config.admission.max_wait_s
         )
-        self.sizer: Sizer = sizer or EstimateSizer()
+        self.sizer: Sizer = sizer or make_sizer(
+            config.admission.sizing, self.engines, config.tokenizer
+        )
         self.health = HealthMonitor(self.engines, config.health, self._engine_changed)
         self.state = RouterState(config, self.engines, self.health)
         self.learning = Learning(self.engines)

@@ -22,6 +22,7 @@ EngineRole = Literal["mixed", "prefill", "decode"]
 AdmissionMode = Literal["open", "predictive"]
 HARole = Literal["active", "standby"]
 LeaseBackend = Literal["none", "redis"]
+SizingMode = Literal["auto", "tokenizer", "engine", "estimate"]
 
 DEMO_MODEL = "narwhal-demo"
 
@@ -62,6 +63,7 @@ class Admission:
     queue_limit: int = field(default=1024, metadata=rule(int, ge=0))
     max_wait_s: float = field(default=10.0, metadata=rule(float, gt=0))
     ttft_budget_s: float = field(default=2.0, metadata=rule(float, gt=0))
+    sizing: SizingMode = field(default="auto", metadata=rule(str, choices=get_args(SizingMode)))
 
 
 @dataclass(frozen=True, slots=True)
