@@ -34,7 +34,7 @@ PAYLOAD_FAULTS = frozenset({"audio", "annotations", "custom_tool"})
 TRIGGER_FAULTS = frozenset({"malformed_json", "bad_sse", "reset_mid_stream", "hang_mid_stream",
                             "error_event"})
 
-_MARKER = re.compile(rb"\[\[(sim|fault):([A-Za-z_]+(?:[,:][A-Za-z_0-9]+)*)\]\]")
+_MARKER = re.compile(rb"\[\[(sim|fault):([A-Za-z_][A-Za-z_0-9]*(?:[,:][A-Za-z_0-9]+)*)\]\]")
 
 
 @dataclass(frozen=True)
