@@ -14,7 +14,7 @@ class Board:
     path None: private to this process. path given: create=True makes a fresh file
     (replacing a stale one; the parent, before starting workers), create=False attaches
     to it (each worker) and checks magic, layout version, size and engine count.
-    Raises OSError (file) or ValueError (layout, engines outside 1..65536).
+    Raises OSError (file) or ValueError (layout, engines outside 1..4096, or all 64 process rows held).
     """
 
     def __new__(
@@ -37,7 +37,13 @@ class Board:
         cancelled, completed: int; rejected, refused, invalid_requests, expired, failed:
         dict[reason, int] (nonzero only); engines: list[{"prefill": int, "decode": int,
         "up": bool}] by index; histograms: {name: {"buckets": [(le, cumulative count), ...
-        ending with (inf, count)], "sum": float, "count": int}}; lock_steals: int."""
+        ending with (inf, count)], "sum": float, "count": int}}; reaped (dead workers'
+        requests finished as cancelled, included in cancelled), workers (processes holding
+        a row), lock_steals: int."""
+    def reap_dead(self) -> int:
+        """Finishes the requests of processes that died holding them (as cancelled), gives
+        back their queue places and slots; returns the requests reaped. Runs on every
+        attach; the parent should call it when a worker exits."""
     def unlink(self) -> None:
         """Remove the shared file (the parent, at shutdown); no-op when private or gone."""
     @property

@@ -187,6 +187,8 @@ class BoardOracle:
             for cell, up in zip(self.inflight, self.up, strict=True)
         ]
         snap["histograms"] = {name: h.snapshot() for name, h in self.histograms.items()}
+        snap["reaped"] = 0  # no dead workers in a single-process model
+        snap["workers"] = 1
         snap["lock_steals"] = 0
         return snap
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import multiprocessing
 import os
+import signal
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -274,3 +275,35 @@ def test_two_processes_share_limits_and_the_invariant(shm_path: Path) -> None:
         assert snap[cls] == expected
     assert total["rejected/retention_full"] + total["rejected/queue_full"] > 0
     board.unlink()
+
+
+def die_holding(path: str) -> None:
+    """A worker killed while it holds requests, a queue place and slots."""
+    board = Board(engines=ENGINES, path=path, create=False)
+    kept = [board.arrive(RETENTION)[0] for _ in range(2)]
+    kept[0].sized(11)
+    assert kept[1].enqueue(QUEUE)
+    kept += [board.acquire_slot(1, "prefill", SLOTS), board.acquire_slot(2, "decode", SLOTS)]
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_killed_workers_share_is_reaped(shm_path: Path) -> None:
+    board = Board(engines=ENGINES, path=shm_path, create=True)
+    mine, _ = board.arrive(RETENTION)
+    proc = multiprocessing.get_context("spawn").Process(target=die_holding, args=(str(shm_path),))
+    proc.start()
+    proc.join(timeout=60)
+    assert proc.exitcode == -signal.SIGKILL
+    before = board.snapshot()
+    assert (before["retained"], before["queued"], before["workers"]) == (3, 1, 2)
+    assert before["engines"][1]["prefill"] == before["engines"][2]["decode"] == 1
+
+    assert board.reap_dead() == 2
+    assert board.reap_dead() == 0
+    after = board.snapshot()
+    assert_consistent(after)
+    assert (after["retained"], after["retention_held"], after["queued"]) == (1, 1, 0)
+    assert (after["cancelled"], after["reaped"], after["unsized_offered"]) == (2, 2, 1)
+    assert after["workers"] == 1 and after["offered_prompt_tokens"] == 11
+    mine.finish("completed")
+    assert_idle(board.snapshot())

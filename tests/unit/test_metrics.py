@@ -38,6 +38,9 @@ SPEC_HISTOGRAMS = (
 )
 
 
+EXTRA_COUNTERS = ("narwhal_reaped_requests", "narwhal_board_lock_steals")
+
+
 def scrape(
     board: Board, names: list[str], extra: Callable[[], Iterable[Metric]] | None = None
 ) -> dict[str, Metric]:
@@ -88,6 +91,8 @@ def test_every_spec_family_is_exposed_with_its_type_and_labels() -> None:
         buckets = [s for s in families[name].samples if s.name == name + "_bucket"]
         assert buckets[-1].labels == {"le": "+Inf"}
         assert buckets[-1].value == value(families[name], "_count")
+    for name in EXTRA_COUNTERS:
+        assert value(families[name], "_total") == 0
     text = render(build_registry(board, lambda: [])).decode()
     for name in SPEC_COUNTERS:
         assert f"# TYPE {name}_total counter" in text

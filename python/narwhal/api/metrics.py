@@ -52,6 +52,17 @@ COUNTERS = (
     ),
     Family("narwhal_cancelled", "cancelled", "Requests whose client went away."),
     Family("narwhal_completed", "completed", "Requests answered to the end."),
+    # beyond §12 (additions): a dead worker's requests, finished as cancelled; lock takeovers
+    Family(
+        "narwhal_reaped_requests",
+        "reaped",
+        "Requests of dead worker processes finished as cancelled (included in cancelled).",
+    ),
+    Family(
+        "narwhal_board_lock_steals",
+        "lock_steals",
+        "Board locks taken over from a worker that died holding one.",
+    ),
 )
 REASON_COUNTERS = (
     Family("narwhal_rejected", "rejected", "Requests rejected for capacity, by error code."),

@@ -1,200 +1,83 @@
 //! The accounting board: request counters, gauges, histograms and slot guards in one region shared by every worker process.
 //!
 //! Every update that bears on the invariant `offered == Σ terminal + retained` (arrival,
-//! finish, the queue and the per-engine phase slots) happens under the region's lock, and
-//! [`Board::snapshot`] reads under the same lock, so no reader ever sees a half-applied
-//! transition and every limit is checked and taken atomically across processes.
-//! Histograms, prompt-token sums and `up` gauges are lock-free. Requests and phase slots
-//! are guards ([`Ticket`], [`Slot`]) whose drop finishes (as `cancelled`) or releases.
+//! sizing, finish, the queue and the per-engine phase slots) happens under the region's
+//! lock, and [`Board::snapshot`] reads under the same lock, so no reader ever sees a
+//! half-applied transition and every limit is checked and taken atomically across
+//! processes. Histograms and `up` gauges are lock-free. Requests and phase slots are guards
+//! ([`Ticket`], [`Slot`]) whose drop finishes (as `cancelled`) or releases; each process's
+//! share is also kept in its row (`workers.rs`) so a dead worker's share can be reaped.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use thiserror::Error;
 
-use crate::histogram::{Histogram, HistogramCells, HistogramSnapshot};
+use crate::histogram::{Histogram, HistogramCells};
+pub use crate::outcome::{Class, NameError, Phase, Reason, Terminal};
+use crate::outcome::{N_CLASSES, N_REASONS};
 use crate::shm::{Region, ShmError};
+pub use crate::snapshot::{EngineSnapshot, Snapshot};
+use crate::workers::{self, Row, RowEngine, MAX_ROWS};
 
 /// Bumped whenever the layout below changes; attaching to another version fails.
 pub const LAYOUT_VERSION: u32 = 1;
 /// The most engine indexes a board can hold.
-pub const MAX_ENGINES: usize = 65_536;
+pub const MAX_ENGINES: usize = 4096;
 
 /// Why a board operation failed.
 #[derive(Debug, Error)]
 pub enum BoardError {
     #[error(transparent)]
     Shm(#[from] ShmError),
+    #[error(transparent)]
+    Name(#[from] NameError),
     #[error("a board holds 1..={MAX_ENGINES} engines, not {0}")]
     EngineCount(usize),
     #[error("engine index {index} is outside this board's {engines} engines")]
     EngineIndex { index: usize, engines: usize },
-    #[error("unknown terminal class {0:?}")]
-    UnknownClass(String),
-    #[error("unknown reason {0:?}")]
-    UnknownReason(String),
-    #[error("terminal class {0:?} needs a reason")]
-    MissingReason(&'static str),
-    #[error("terminal class {0:?} takes no reason")]
-    UnexpectedReason(&'static str),
-    #[error("unknown histogram {0:?}")]
-    UnknownHistogram(String),
-    #[error("unknown phase {0:?} (prefill or decode)")]
-    UnknownPhase(String),
     #[error("histogram value {0} is not finite")]
     NotFinite(f64),
+    #[error("all {MAX_ROWS} process rows of the board are held by live processes")]
+    NoFreeRow,
 }
 
-macro_rules! named_enum {
-    ($(#[$meta:meta])* $name:ident { $($variant:ident => $text:literal),+ $(,)? }) => {
-        $(#[$meta])*
-        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-        pub enum $name { $($variant),+ }
-        impl $name {
-            pub const ALL: &'static [$name] = &[$($name::$variant),+];
-            pub fn as_str(self) -> &'static str {
-                match self { $($name::$variant => $text),+ }
-            }
-            pub fn parse(text: &str) -> Option<$name> {
-                match text { $($text => Some($name::$variant),)+ _ => None }
-            }
-        }
-    };
-}
-
-named_enum!(
-    /// The `reason` label of a terminal class: SPEC §12's error codes plus `engine_rejected`.
-    Reason {
-        InvalidJson => "invalid_json",
-        InvalidRequest => "invalid_request",
-        ModelNotFound => "model_not_found",
-        InvalidSamplingWidth => "invalid_sampling_width",
-        UnsupportedOption => "unsupported_option",
-        RequestTooLarge => "request_too_large",
-        RetentionFull => "retention_full",
-        QueueFull => "queue_full",
-        AdmissionWaitExpired => "admission_wait_expired",
-        DeadlineExpired => "deadline_expired",
-        TtftBudgetExceeded => "ttft_budget_exceeded",
-        PromptExceedsTtftBudget => "prompt_exceeds_ttft_budget",
-        BackendUnavailable => "backend_unavailable",
-        RouterStandby => "router_standby",
-        RouterFenced => "router_fenced",
-        Maintenance => "maintenance",
-        MonitoringDegraded => "monitoring_degraded",
-        EngineError => "engine_error",
-        UnsupportedEngineField => "unsupported_engine_field",
-        MalformedEngineOutput => "malformed_engine_output",
-        EngineRejected => "engine_rejected",
-    }
-);
-
-named_enum!(
-    /// Terminal classes counted by reason.
-    Class {
-        Rejected => "rejected",
-        Refused => "refused",
-        InvalidRequests => "invalid_requests",
-        Expired => "expired",
-        Failed => "failed",
-    }
-);
-
-named_enum!(
-    /// A request's phase on an engine.
-    Phase {
-        Prefill => "prefill",
-        Decode => "decode",
-    }
-);
-
-const N_REASONS: usize = 21;
-const N_CLASSES: usize = 5;
-const _: () = assert!(Reason::ALL.len() == N_REASONS && Class::ALL.len() == N_CLASSES);
-
-/// How a request ended: a class with a reason, or `cancelled` / `completed`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Terminal {
-    WithReason(Class, Reason),
-    Cancelled,
-    Completed,
-}
-
-impl Terminal {
-    /// Parses a class name and optional reason (`cancelled`/`completed` take none, the
-    /// other classes need one).
-    pub fn parse(class: &str, reason: Option<&str>) -> Result<Terminal, BoardError> {
-        let bare = match class {
-            "cancelled" => Some(Terminal::Cancelled),
-            "completed" => Some(Terminal::Completed),
-            _ => None,
-        };
-        if let Some(terminal) = bare {
-            return match reason {
-                None => Ok(terminal),
-                Some(_) => Err(BoardError::UnexpectedReason(terminal.class_name())),
-            };
-        }
-        let class = Class::parse(class).ok_or_else(|| BoardError::UnknownClass(class.into()))?;
-        let reason = reason.ok_or(BoardError::MissingReason(class.as_str()))?;
-        let reason =
-            Reason::parse(reason).ok_or_else(|| BoardError::UnknownReason(reason.into()))?;
-        Ok(Terminal::WithReason(class, reason))
-    }
-
-    pub fn class_name(self) -> &'static str {
-        match self {
-            Terminal::WithReason(class, _) => class.as_str(),
-            Terminal::Cancelled => "cancelled",
-            Terminal::Completed => "completed",
-        }
-    }
-}
-
-/// Request totals; every field but `offered_prompt_tokens` changes only under the lock.
+/// Request totals; changed only under the lock.
 #[repr(C)]
-struct Totals {
-    offered: AtomicU64,
-    retained: AtomicU64,
+pub(crate) struct Totals {
+    pub(crate) offered: AtomicU64,
+    pub(crate) retained: AtomicU64,
     /// Retained requests that were admitted under the retention limit.
-    retention_held: AtomicU64,
-    queued: AtomicU64,
-    unsized_offered: AtomicU64,
-    cancelled: AtomicU64,
-    completed: AtomicU64,
-    /// Lock-free (no invariant involves it).
-    offered_prompt_tokens: AtomicU64,
+    pub(crate) retention_held: AtomicU64,
+    pub(crate) queued: AtomicU64,
+    pub(crate) unsized_offered: AtomicU64,
+    pub(crate) cancelled: AtomicU64,
+    pub(crate) completed: AtomicU64,
+    pub(crate) offered_prompt_tokens: AtomicU64,
+    pub(crate) reaped: AtomicU64,
     terminal: [[AtomicU64; N_REASONS]; N_CLASSES],
 }
 
-/// The fixed part of the region's body; the engine cells follow it.
+/// The fixed part of the region's body; engine cells, then per-row engine cells, follow.
 #[repr(C)]
 struct Body {
     totals: Totals,
     histograms: [HistogramCells; 5],
+    rows: [Row; MAX_ROWS],
 }
 
 /// One engine's gauges: phase slots under the lock, `up` lock-free.
 #[repr(C)]
-struct EngineCell {
-    prefill: AtomicU64,
-    decode: AtomicU64,
+pub(crate) struct EngineCell {
+    pub(crate) prefill: AtomicU64,
+    pub(crate) decode: AtomicU64,
     up: AtomicU64,
-    _pad: AtomicU64,
-}
-
-impl EngineCell {
-    fn inflight(&self, phase: Phase) -> &AtomicU64 {
-        match phase {
-            Phase::Prefill => &self.prefill,
-            Phase::Decode => &self.decode,
-        }
-    }
 }
 
 fn body_len(engines: usize) -> usize {
-    std::mem::size_of::<Body>() + engines * std::mem::size_of::<EngineCell>()
+    use std::mem::size_of;
+    size_of::<Body>() + engines * (size_of::<EngineCell>() + MAX_ROWS * size_of::<RowEngine>())
 }
 
 /// Adds under the lock: a plain load and store (the lock orders all writers).
@@ -213,41 +96,65 @@ fn sub1(cell: &AtomicU64) {
     );
 }
 
+fn add32(cell: &AtomicU32, n: i32) {
+    cell.store(
+        cell.load(Ordering::Relaxed).saturating_add_signed(n),
+        Ordering::Relaxed,
+    );
+}
+
 /// The accounting board. Cheap to clone (one shared region).
 #[derive(Clone)]
 pub struct Board {
     region: Arc<Region>,
     engines: usize,
+    row: usize,
 }
 
 impl Board {
     /// A board private to this process.
     pub fn private(engines: usize) -> Result<Board, BoardError> {
-        let engines = check_engines(engines)?;
-        let region = Region::private(body_len(engines), LAYOUT_VERSION, engines as u32);
-        Ok(Board::from_region(region, engines))
+        let n = check_engines(engines)?;
+        Board::with_region(
+            Region::private(body_len(engines), LAYOUT_VERSION, n),
+            engines,
+        )
     }
 
     /// Creates the shared board file at `path` (zeroed), replacing any stale one.
     pub fn create(path: &Path, engines: usize) -> Result<Board, BoardError> {
-        let engines = check_engines(engines)?;
-        let region = Region::create(path, body_len(engines), LAYOUT_VERSION, engines as u32)?;
-        Ok(Board::from_region(region, engines))
+        let n = check_engines(engines)?;
+        Board::with_region(
+            Region::create(path, body_len(engines), LAYOUT_VERSION, n)?,
+            engines,
+        )
     }
 
-    /// Maps the shared board file at `path`, checking its header against this build.
+    /// Maps the shared board file at `path`, checking its header against this build, and
+    /// reaps the rows of dead processes before claiming this process's row.
     pub fn attach(path: &Path, engines: usize) -> Result<Board, BoardError> {
-        let engines = check_engines(engines)?;
-        let region = Region::attach(path, body_len(engines), LAYOUT_VERSION, engines as u32)?;
-        Ok(Board::from_region(region, engines))
+        let n = check_engines(engines)?;
+        Board::with_region(
+            Region::attach(path, body_len(engines), LAYOUT_VERSION, n)?,
+            engines,
+        )
     }
 
-    fn from_region(region: Region, engines: usize) -> Board {
+    fn with_region(region: Region, engines: usize) -> Result<Board, BoardError> {
         assert!(region.body_len() >= body_len(engines));
-        Board {
+        let mut board = Board {
             region: Arc::new(region),
             engines,
-        }
+            row: 0,
+        };
+        let me = board.region.pid();
+        board.reap_dead();
+        let row = {
+            let _lock = board.region.lock();
+            workers::claim(&board.body().rows, me)
+        };
+        board.row = row.ok_or(BoardError::NoFreeRow)?;
+        Ok(board)
     }
 
     fn body(&self) -> &Body {
@@ -264,13 +171,29 @@ impl Board {
         }
     }
 
-    fn engine(&self, index: usize) -> Result<&EngineCell, BoardError> {
-        self.engine_cells()
-            .get(index)
-            .ok_or(BoardError::EngineIndex {
+    /// Row `row`'s per-engine cells.
+    fn row_engines(&self, row: usize) -> &[RowEngine] {
+        use std::mem::size_of;
+        let offset = size_of::<Body>() + self.engines * size_of::<EngineCell>();
+        // SAFETY: as for `body`; MAX_ROWS blocks of `engines` cells follow the engine cells.
+        unsafe {
+            let first = self.region.body().as_ptr().add(offset) as *const RowEngine;
+            std::slice::from_raw_parts(first.add(row * self.engines), self.engines)
+        }
+    }
+
+    fn my_row(&self) -> &Row {
+        &self.body().rows[self.row]
+    }
+
+    fn check_engine(&self, index: usize) -> Result<(), BoardError> {
+        match index < self.engines {
+            true => Ok(()),
+            false => Err(BoardError::EngineIndex {
                 index,
                 engines: self.engines,
-            })
+            }),
+        }
     }
 
     /// The number of engine indexes.
@@ -288,14 +211,17 @@ impl Board {
     /// were retained); a request that did not is still retained until it is finished,
     /// normally at once as `rejected{retention_full}`.
     pub fn arrive(&self, retention_limit: u64) -> (Ticket, bool) {
-        let totals = &self.body().totals;
+        let (totals, row) = (&self.body().totals, self.my_row());
         let admitted = {
             let _lock = self.region.lock();
             add(&totals.offered, 1);
             add(&totals.retained, 1);
+            add(&row.retained, 1);
+            add(&row.unsized_live, 1);
             let admitted = totals.retention_held.load(Ordering::Relaxed) < retention_limit;
             if admitted {
                 add(&totals.retention_held, 1);
+                add(&row.retention_held, 1);
             }
             admitted
         };
@@ -316,12 +242,14 @@ impl Board {
         phase: Phase,
         limit: u64,
     ) -> Result<Option<Slot>, BoardError> {
-        let cell = self.engine(engine)?.inflight(phase);
+        self.check_engine(engine)?;
+        let (cell, mine) = self.slot_cells(engine, phase);
         let acquired = {
             let _lock = self.region.lock();
             let free = cell.load(Ordering::Relaxed) < limit;
             if free {
                 add(cell, 1);
+                add32(mine, 1);
             }
             free
         };
@@ -333,9 +261,21 @@ impl Board {
         }))
     }
 
+    fn slot_cells(&self, engine: usize, phase: Phase) -> (&AtomicU64, &AtomicU32) {
+        let (cell, mine) = (
+            &self.engine_cells()[engine],
+            &self.row_engines(self.row)[engine],
+        );
+        match phase {
+            Phase::Prefill => (&cell.prefill, &mine.prefill),
+            Phase::Decode => (&cell.decode, &mine.decode),
+        }
+    }
+
     /// Sets an engine's `up` gauge.
     pub fn set_engine_up(&self, engine: usize, up: bool) -> Result<(), BoardError> {
-        self.engine(engine)?
+        self.check_engine(engine)?;
+        self.engine_cells()[engine]
             .up
             .store(u64::from(up), Ordering::Relaxed);
         Ok(())
@@ -350,10 +290,33 @@ impl Board {
         Ok(())
     }
 
+    /// Finishes the requests of processes that died holding them (as `cancelled`), gives
+    /// back their places and slots, and frees their rows. Returns the requests reaped.
+    /// Runs on every attach; the parent may also call it when a worker exits.
+    pub fn reap_dead(&self) -> u64 {
+        let me = self.region.pid();
+        let body = self.body();
+        let dead = workers::dead_rows(&body.rows, me);
+        if dead.is_empty() {
+            return 0;
+        }
+        let _lock = self.region.lock();
+        let mut reaped = 0;
+        for (index, pid) in dead {
+            let row = &body.rows[index];
+            if row.pid.load(Ordering::Relaxed) == pid {
+                let cells = (self.row_engines(index), &body.totals, self.engine_cells());
+                reaped += workers::reap(row, cells.0, cells.1, cells.2);
+            }
+        }
+        reaped
+    }
+
     /// Everything at one instant: totals, reasons and engine gauges are read under the
     /// lock (so the invariant holds in every snapshot); histograms lock-free after.
     pub fn snapshot(&self) -> Snapshot {
-        let totals = &self.body().totals;
+        let body = self.body();
+        let totals = &body.totals;
         let read = |cell: &AtomicU64| cell.load(Ordering::Relaxed);
         let mut snap = {
             let _lock = self.region.lock();
@@ -375,17 +338,25 @@ impl Board {
                     .map(|e| EngineSnapshot {
                         prefill: read(&e.prefill),
                         decode: read(&e.decode),
-                        up: read(&e.up) != 0,
+                        up: false,
                     })
                     .collect(),
                 histograms: Vec::new(),
+                reaped: read(&totals.reaped),
+                workers: body
+                    .rows
+                    .iter()
+                    .filter(|r| r.pid.load(Ordering::Relaxed) != 0)
+                    .count() as u64,
                 lock_steals: 0,
             }
         };
-        let cells = &self.body().histograms;
+        for (snap, cell) in snap.engines.iter_mut().zip(self.engine_cells()) {
+            snap.up = read(&cell.up) != 0;
+        }
         snap.histograms = Histogram::ALL
             .iter()
-            .map(|&h| cells[h as usize].snapshot(h))
+            .map(|&h| body.histograms[h as usize].snapshot(h))
             .collect();
         snap.lock_steals = self.region.steals();
         snap
@@ -397,11 +368,10 @@ impl Board {
     }
 }
 
-fn check_engines(engines: usize) -> Result<usize, BoardError> {
-    if (1..=MAX_ENGINES).contains(&engines) {
-        Ok(engines)
-    } else {
-        Err(BoardError::EngineCount(engines))
+fn check_engines(engines: usize) -> Result<u32, BoardError> {
+    match (1..=MAX_ENGINES).contains(&engines) {
+        true => Ok(engines as u32),
+        false => Err(BoardError::EngineCount(engines)),
     }
 }
 
@@ -422,11 +392,11 @@ impl Ticket {
         if self.sized || self.finished {
             return;
         }
+        let (totals, row) = (&self.board.body().totals, self.board.my_row());
+        let _lock = self.board.region.lock();
+        add(&totals.offered_prompt_tokens, prompt_tokens);
+        sub1(&row.unsized_live);
         self.sized = true;
-        let totals = &self.board.body().totals;
-        totals
-            .offered_prompt_tokens
-            .fetch_add(prompt_tokens, Ordering::Relaxed);
     }
 
     /// Takes a queue place if fewer than `queue_limit` requests are queued. True if this
@@ -438,10 +408,11 @@ impl Ticket {
         if self.finished {
             return false;
         }
-        let queued = &self.board.body().totals.queued;
+        let (queued, row) = (&self.board.body().totals.queued, self.board.my_row());
         let _lock = self.board.region.lock();
         if queued.load(Ordering::Relaxed) < queue_limit {
             add(queued, 1);
+            add(&row.queued, 1);
             self.queued = true;
         }
         self.queued
@@ -454,6 +425,7 @@ impl Ticket {
         }
         let _lock = self.board.region.lock();
         sub1(&self.board.body().totals.queued);
+        sub1(&self.board.my_row().queued);
         self.queued = false;
     }
 
@@ -463,7 +435,7 @@ impl Ticket {
         if self.finished {
             return false;
         }
-        let totals = &self.board.body().totals;
+        let (totals, row) = (&self.board.body().totals, self.board.my_row());
         {
             let _lock = self.board.region.lock();
             match terminal {
@@ -474,14 +446,18 @@ impl Ticket {
                 Terminal::Completed => add(&totals.completed, 1),
             }
             sub1(&totals.retained);
+            sub1(&row.retained);
             if self.holds_retention {
                 sub1(&totals.retention_held);
+                sub1(&row.retention_held);
             }
             if self.queued {
                 sub1(&totals.queued);
+                sub1(&row.queued);
             }
             if !self.sized {
                 add(&totals.unsized_offered, 1);
+                sub1(&row.unsized_live);
             }
         }
         self.finished = true;
@@ -523,10 +499,11 @@ impl Slot {
         if self.released {
             return false;
         }
-        let cell = self.board.engine_cells()[self.engine].inflight(self.phase);
+        let (cell, mine) = self.board.slot_cells(self.engine, self.phase);
         {
             let _lock = self.board.region.lock();
             sub1(cell);
+            add32(mine, -1);
         }
         self.released = true;
         true
@@ -548,59 +525,5 @@ impl Slot {
 impl Drop for Slot {
     fn drop(&mut self) {
         self.release();
-    }
-}
-
-/// One engine's gauges in a snapshot.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct EngineSnapshot {
-    pub prefill: u64,
-    pub decode: u64,
-    pub up: bool,
-}
-
-/// The board at one instant.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Snapshot {
-    pub offered: u64,
-    pub retained: u64,
-    /// Retained requests holding a retention place (admitted under the limit).
-    pub retention_held: u64,
-    pub queued: u64,
-    pub unsized_offered: u64,
-    pub offered_prompt_tokens: u64,
-    pub cancelled: u64,
-    pub completed: u64,
-    terminal: [[u64; N_REASONS]; N_CLASSES],
-    pub engines: Vec<EngineSnapshot>,
-    pub histograms: Vec<HistogramSnapshot>,
-    /// Locks taken over from dead holders (see `shm::Region::lock`).
-    pub lock_steals: u64,
-}
-
-impl Snapshot {
-    /// The count for one class and reason.
-    pub fn terminal(&self, class: Class, reason: Reason) -> u64 {
-        self.terminal[class as usize][reason as usize]
-    }
-
-    /// A class's nonzero reasons, in [`Reason::ALL`] order.
-    pub fn reasons(&self, class: Class) -> impl Iterator<Item = (Reason, u64)> + '_ {
-        let row = &self.terminal[class as usize];
-        Reason::ALL
-            .iter()
-            .map(|&r| (r, row[r as usize]))
-            .filter(|&(_, n)| n > 0)
-    }
-
-    /// All finished requests, over every terminal class.
-    pub fn terminal_total(&self) -> u64 {
-        let by_reason: u64 = self.terminal.iter().flatten().sum();
-        by_reason + self.cancelled + self.completed
-    }
-
-    /// `offered == Σ terminal + retained`.
-    pub fn invariant_holds(&self) -> bool {
-        self.offered == self.terminal_total() + self.retained
     }
 }

@@ -243,6 +243,11 @@ impl Region {
         self.path.as_deref()
     }
 
+    /// The process id this mapping acts for (cached when mapped).
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
     /// Locks taken over from dead holders since the region was created.
     pub fn steals(&self) -> u64 {
         self.header().steals.load(Ordering::Relaxed)
@@ -253,7 +258,7 @@ impl Region {
     /// has its lock taken over and counted in [`Region::steals`].
     pub fn lock(&self) -> LockGuard<'_> {
         let word = &self.header().lock;
-        let me = self.pid.max(1);
+        let me = self.pid;
         let mut spins: u32 = 0;
         let mut waiting_since: Option<Instant> = None;
         loop {
@@ -315,7 +320,7 @@ fn map_file(file: &File) -> io::Result<MmapMut> {
 
 /// Whether a process id still exists. Without a readable /proc, assume it does (never
 /// steal a lock on a guess).
-fn process_alive(pid: u32) -> bool {
+pub(crate) fn process_alive(pid: u32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists() || !Path::new("/proc/self").exists()
 }
 

@@ -1,11 +1,14 @@
 //! The accounting board under concurrency: the invariant in every snapshot, limits never exceeded, guards exactly-once.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 use std::thread;
 
-use narwhal_core::counters::{Board, BoardError, Class, Phase, Reason, Snapshot, Terminal};
+use narwhal_core::counters::{
+    Board, BoardError, Class, NameError, Phase, Reason, Snapshot, Terminal,
+};
 use narwhal_core::histogram::Histogram;
 use narwhal_core::shm::ShmError;
 
@@ -267,19 +270,19 @@ fn terminal_names_parse_strictly() {
     );
     assert!(matches!(
         Terminal::parse("completed", Some("x")),
-        Err(BoardError::UnexpectedReason("completed"))
+        Err(NameError::UnexpectedReason("completed"))
     ));
     assert!(matches!(
         Terminal::parse("failed", None),
-        Err(BoardError::MissingReason("failed"))
+        Err(NameError::MissingReason("failed"))
     ));
     assert!(matches!(
         Terminal::parse("failed", Some("oops")),
-        Err(BoardError::UnknownReason(_))
+        Err(NameError::UnknownReason(_))
     ));
     assert!(matches!(
         Terminal::parse("lost", None),
-        Err(BoardError::UnknownClass(_))
+        Err(NameError::UnknownClass(_))
     ));
     for r in Reason::ALL {
         assert_eq!(Reason::parse(r.as_str()), Some(*r));
@@ -342,4 +345,70 @@ fn attach_checks_the_layout() {
         Board::attach(&path, 8),
         Err(BoardError::Shm(ShmError::Io { .. }))
     ));
+}
+
+const CHILD_ENV: &str = "NARWHAL_BOARD_TEST_CHILD";
+
+/// Run as a child process by `a_dead_workers_share_is_reaped` (a no-op otherwise):
+/// attaches, takes places and slots, and exits without dropping its guards.
+#[test]
+fn child_holds_and_dies() {
+    let Ok(path) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let board = Board::attach(Path::new(&path), ENGINES).unwrap();
+    let (mut sized, _) = board.arrive(10);
+    sized.sized(5);
+    let (mut queued, _) = board.arrive(10);
+    assert!(queued.enqueue(10));
+    let prefill = board.acquire_slot(1, Phase::Prefill, 10).unwrap().unwrap();
+    let decode = board.acquire_slot(2, Phase::Decode, 10).unwrap().unwrap();
+    std::mem::forget((sized, queued, prefill, decode));
+    std::process::exit(0);
+}
+
+#[test]
+fn a_dead_workers_share_is_reaped() {
+    let path = shm_path("reap");
+    let board = Board::create(&path, ENGINES).unwrap();
+    let (mut mine, _) = board.arrive(10);
+    let _my_slot = board.acquire_slot(1, Phase::Prefill, 10).unwrap().unwrap();
+    let status = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_holds_and_dies", "--test-threads=1", "-q"])
+        .env(CHILD_ENV, &path)
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let before = board.snapshot();
+    assert_eq!((before.retained, before.queued, before.workers), (3, 1, 2));
+    assert_eq!(
+        (before.engines[1].prefill, before.engines[2].decode),
+        (2, 1)
+    );
+
+    // attaching reaps the dead (as would the parent's `reap_dead` when a worker exits)
+    let _worker = Board::attach(&path, ENGINES).unwrap();
+    assert_eq!(board.reap_dead(), 0);
+    let after = board.snapshot();
+    assert!(after.invariant_holds());
+    assert_eq!(
+        (after.retained, after.retention_held, after.queued),
+        (1, 1, 0)
+    );
+    assert_eq!(
+        (
+            after.cancelled,
+            after.reaped,
+            after.unsized_offered,
+            after.workers
+        ),
+        (2, 2, 1, 1)
+    );
+    assert_eq!((after.engines[1].prefill, after.engines[2].decode), (1, 0));
+    assert_eq!(after.offered_prompt_tokens, 5);
+    mine.finish(Terminal::Completed);
+    drop(_my_slot);
+    assert_idle(&board.snapshot());
+    board.unlink().unwrap();
 }

@@ -2,7 +2,9 @@
 
 use std::path::PathBuf;
 
-use narwhal_core::counters::{Board, BoardError, Class, Phase, Slot, Snapshot, Terminal, Ticket};
+use narwhal_core::counters::{
+    Board, BoardError, Class, NameError, Phase, Slot, Snapshot, Terminal, Ticket,
+};
 use narwhal_core::histogram::Histogram;
 use narwhal_core::shm::ShmError;
 use pyo3::exceptions::{PyOSError, PyValueError};
@@ -21,7 +23,7 @@ fn py_err(error: BoardError) -> PyErr {
 }
 
 fn phase(name: &str) -> PyResult<Phase> {
-    Phase::parse(name).ok_or_else(|| py_err(BoardError::UnknownPhase(name.into())))
+    Phase::parse(name).ok_or_else(|| py_err(NameError::UnknownPhase(name.into()).into()))
 }
 
 /// The accounting board: private to this process, or a shared file (create or attach).
@@ -65,12 +67,16 @@ impl PyBoard {
 
     fn observe(&self, histogram: &str, value: f64) -> PyResult<()> {
         let which = Histogram::parse(histogram)
-            .ok_or_else(|| py_err(BoardError::UnknownHistogram(histogram.into())))?;
+            .ok_or_else(|| py_err(NameError::UnknownHistogram(histogram.into()).into()))?;
         self.board.observe(which, value).map_err(py_err)
     }
 
     fn snapshot<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         snapshot_dict(py, &self.board.snapshot())
+    }
+
+    fn reap_dead(&self) -> u64 {
+        self.board.reap_dead()
     }
 
     fn unlink(&self) -> PyResult<()> {
@@ -121,7 +127,7 @@ impl PyTicket {
 
     #[pyo3(signature = (cls, reason = None))]
     fn finish(&mut self, cls: &str, reason: Option<&str>) -> PyResult<bool> {
-        let terminal = Terminal::parse(cls, reason).map_err(py_err)?;
+        let terminal = Terminal::parse(cls, reason).map_err(|e| py_err(e.into()))?;
         Ok(self.ticket.finish(terminal))
     }
 
@@ -206,6 +212,8 @@ fn snapshot_dict<'py>(py: Python<'py>, s: &Snapshot) -> PyResult<Bound<'py, PyDi
         histograms.set_item(h.histogram.as_str(), entry)?;
     }
     out.set_item("histograms", histograms)?;
+    out.set_item("reaped", s.reaped)?;
+    out.set_item("workers", s.workers)?;
     out.set_item("lock_steals", s.lock_steals)?;
     Ok(out)
 }
