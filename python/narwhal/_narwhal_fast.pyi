@@ -14,7 +14,8 @@ class Board:
     path None: private to this process. path given: create=True makes a fresh file
     (replacing a stale one; the parent, before starting workers), create=False attaches
     to it (each worker) and checks magic, layout version, size and engine count.
-    Raises OSError (file) or ValueError (layout, engines outside 1..4096, or all 64 process rows held).
+    Raises OSError (file) or ValueError (layout; engines outside 1..4096; all 64 process
+    rows held by live processes).
     """
 
     def __new__(
