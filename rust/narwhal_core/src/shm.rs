@@ -318,10 +318,21 @@ fn map_file(file: &File) -> io::Result<MmapMut> {
     unsafe { MmapMut::map_mut(file) }
 }
 
-/// Whether a process id still exists. Without a readable /proc, assume it does (never
-/// steal a lock on a guess).
+/// Whether a process still runs: it exists and is not a zombie (exited, not yet waited
+/// for). Without a readable /proc, assume it does (never steal or reap on a guess).
+/// Assumes every process of the board shares one pid namespace.
 pub(crate) fn process_alive(pid: u32) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists() || !Path::new("/proc/self").exists()
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // "pid (comm) S ...": the state follows the last ')'; comm may hold anything.
+        Ok(stat) => match stat
+            .rfind(')')
+            .and_then(|i| stat[i + 1..].trim_start().chars().next())
+        {
+            Some(state) => !matches!(state, 'Z' | 'X' | 'x'),
+            None => true,
+        },
+        Err(_) => !Path::new("/proc/self").exists(),
+    }
 }
 
 #[cfg(test)]
@@ -400,6 +411,24 @@ mod tests {
             0
         );
         new.unlink().unwrap();
+    }
+
+    #[test]
+    fn zombies_and_missing_processes_are_not_alive() {
+        assert!(process_alive(std::process::id()));
+        assert!(!process_alive(u32::MAX - 1));
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while process_alive(pid) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(
+            !process_alive(pid),
+            "an exited, unwaited child is a zombie: not alive"
+        );
+        child.wait().unwrap();
+        assert!(!process_alive(pid));
     }
 
     #[test]
