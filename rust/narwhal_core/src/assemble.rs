@@ -12,6 +12,9 @@ use crate::delta::{
 };
 use crate::error::StreamError;
 
+mod body;
+pub use body::usage_with_details;
+
 /// One tool-call fragment of a chat delta, as sent.
 #[derive(Deserialize)]
 struct ToolWire<'a> {
@@ -133,6 +136,10 @@ fn want<'a>(r: Option<Raw<'a>>, kind: Kind, what: &str) -> Result<Option<Raw<'a>
     }
 }
 
+fn want_some<'a>(r: Raw<'a>, kind: Kind, what: &str) -> Result<Raw<'a>, StreamError> {
+    want(Some(r), kind, what).map(|_| r)
+}
+
 fn index_of(r: Option<Raw<'_>>, what: &str) -> Result<u64, StreamError> {
     r.and_then(as_u64).ok_or_else(|| {
         StreamError::malformed(format!(
@@ -179,9 +186,11 @@ fn last(slot: &mut Option<Vec<u8>>, r: Option<Raw<'_>>) {
 }
 
 fn tool_frags<'a>(raw: Raw<'a>) -> Result<Vec<ToolFrag<'a>>, StreamError> {
-    let wires: Vec<ToolWire<'a>> = parse_wire(raw, "delta.tool_calls")?;
-    let mut frags = Vec::with_capacity(wires.len());
-    for w in wires {
+    let elements: Vec<Raw<'a>> = parse_wire(raw, "delta.tool_calls")?;
+    let mut frags = Vec::with_capacity(elements.len());
+    for e in elements {
+        let w: ToolWire<'a> =
+            parse_wire(want_some(e, Kind::Object, "tool_calls[]")?, "tool_calls[]")?;
         let index = index_of(w.index, "tool_calls[].index")?;
         let id = want(w.id, Kind::String, "tool_calls[].id")?;
         let kind = want(w.kind, Kind::String, "tool_calls[].type")?;
@@ -391,251 +400,5 @@ impl Assembler {
                 first(&mut acc.prompt_token_ids, c.prompt_token_ids);
             }
         }
-    }
-
-    /// Every tool call ends with an id and a function name.
-    pub fn check_complete(&self) -> Result<(), StreamError> {
-        for c in &self.choices {
-            for t in &c.tools {
-                if t.id.as_ref().is_none_or(Vec::is_empty) {
-                    return Err(StreamError::malformed(format!(
-                        "tool call {} of choice {} has no id",
-                        t.index, c.index
-                    )));
-                }
-                if t.name.as_ref().is_none_or(Vec::is_empty) {
-                    return Err(StreamError::malformed(format!(
-                        "tool call {} of choice {} has no function name",
-                        t.index, c.index
-                    )));
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// The final body. `prompt_tokens` and `output_tokens` compute usage when the engine
-    /// sent none.
-    pub fn body(&self, prompt_tokens: u64, output_tokens: u64) -> Result<Vec<u8>, StreamError> {
-        self.check_complete()?;
-        let mut order: Vec<&ChoiceAcc> = self.choices.iter().collect();
-        order.sort_by_key(|c| c.index);
-        let mut o = Vec::with_capacity(512);
-        o.extend_from_slice(b"{\"id\":");
-        raw_or_null(&mut o, self.id.as_deref());
-        o.extend_from_slice(if self.chat {
-            b",\"object\":\"chat.completion\",\"created\":"
-        } else {
-            b",\"object\":\"text_completion\",\"created\":"
-        });
-        raw_or_null(&mut o, self.created.as_deref());
-        o.extend_from_slice(b",\"model\":");
-        raw_or_null(&mut o, self.model.as_deref());
-        o.extend_from_slice(b",\"choices\":[");
-        for (i, c) in order.iter().enumerate() {
-            if i > 0 {
-                o.push(b',');
-            }
-            if self.chat {
-                self.chat_choice(&mut o, c);
-            } else {
-                self.completion_choice(&mut o, c);
-            }
-        }
-        o.extend_from_slice(b"],\"service_tier\":null,\"system_fingerprint\":");
-        raw_or_null(&mut o, self.system_fingerprint.as_deref());
-        o.extend_from_slice(b",\"usage\":");
-        match &self.usage {
-            Some(u) => o.extend_from_slice(u),
-            None => {
-                let total = prompt_tokens.saturating_add(output_tokens);
-                o.extend_from_slice(
-                    format!(
-                        "{{\"prompt_tokens\":{prompt_tokens},\"total_tokens\":{total},\
-                         \"completion_tokens\":{output_tokens},\"prompt_tokens_details\":null,\
-                         \"completion_tokens_details\":null}}"
-                    )
-                    .as_bytes(),
-                );
-            }
-        }
-        if self.chat {
-            o.extend_from_slice(b",\"prompt_logprobs\":null,\"prompt_token_ids\":");
-            self.ids(&mut o, self.prompt_token_ids.as_deref());
-            o.extend_from_slice(b",\"prompt_text\":null");
-        }
-        o.extend_from_slice(
-            b",\"kv_transfer_params\":null,\"ec_transfer_params\":null,\"metrics\":null}",
-        );
-        Ok(o)
-    }
-
-    fn ids(&self, o: &mut Vec<u8>, raw_list: Option<&[u8]>) {
-        raw_or_null(o, raw_list.filter(|_| self.expose_token_ids));
-    }
-
-    fn chat_choice(&self, o: &mut Vec<u8>, c: &ChoiceAcc) {
-        o.extend_from_slice(
-            format!(
-                "{{\"index\":{},\"message\":{{\"role\":\"assistant\",\"content\":",
-                c.index
-            )
-            .as_bytes(),
-        );
-        let content = c
-            .content
-            .as_deref()
-            .filter(|s| c.tools.is_empty() || !s.is_empty());
-        string_or_null(o, content);
-        o.extend_from_slice(b",\"refusal\":");
-        string_or_null(o, c.refusal.as_deref());
-        o.extend_from_slice(b",\"annotations\":null,\"audio\":null,\"function_call\":");
-        match &c.function_call {
-            None => o.extend_from_slice(b"null"),
-            Some((name, args)) => {
-                o.extend_from_slice(b"{\"name\":");
-                string_or_empty(o, name.as_deref());
-                o.extend_from_slice(b",\"arguments\":");
-                string_or_empty(o, args.as_deref());
-                o.push(b'}');
-            }
-        }
-        if !c.tools.is_empty() {
-            let mut tools: Vec<&ToolAcc> = c.tools.iter().collect();
-            tools.sort_by_key(|t| t.index);
-            o.extend_from_slice(b",\"tool_calls\":[");
-            for (i, t) in tools.iter().enumerate() {
-                if i > 0 {
-                    o.push(b',');
-                }
-                o.extend_from_slice(b"{\"id\":");
-                string_or_empty(o, t.id.as_deref());
-                o.extend_from_slice(b",\"type\":\"function\",\"function\":{\"name\":");
-                string_or_empty(o, t.name.as_deref());
-                o.extend_from_slice(b",\"arguments\":");
-                string_or_empty(o, t.arguments.as_deref());
-                o.extend_from_slice(b"}}");
-            }
-            o.push(b']');
-        }
-        o.extend_from_slice(b",\"reasoning\":");
-        string_or_null(o, c.reasoning.as_deref());
-        if let Some(rc) = &c.reasoning_content {
-            o.extend_from_slice(b",\"reasoning_content\":");
-            string_or_null(o, Some(rc));
-        }
-        o.extend_from_slice(b"},\"logprobs\":");
-        match &c.logprobs {
-            None => o.extend_from_slice(b"null"),
-            Some([content, refusal, _, _]) => {
-                o.extend_from_slice(b"{\"content\":");
-                list_or_null(o, content.as_deref());
-                if let Some(r) = refusal {
-                    o.extend_from_slice(b",\"refusal\":");
-                    list_or_null(o, Some(r));
-                }
-                o.push(b'}');
-            }
-        }
-        self.finish_fields(o, c);
-        o.extend_from_slice(b",\"routed_experts\":null}");
-    }
-
-    fn completion_choice(&self, o: &mut Vec<u8>, c: &ChoiceAcc) {
-        o.extend_from_slice(format!("{{\"index\":{},\"text\":", c.index).as_bytes());
-        string_or_empty(o, c.text.as_deref());
-        o.extend_from_slice(b",\"logprobs\":");
-        match &c.logprobs {
-            None => o.extend_from_slice(b"null"),
-            Some(arrays) => {
-                let keys = [
-                    "{\"text_offset\":",
-                    ",\"token_logprobs\":",
-                    ",\"tokens\":",
-                    ",\"top_logprobs\":",
-                ];
-                for (k, a) in keys.iter().zip(arrays) {
-                    o.extend_from_slice(k.as_bytes());
-                    list_or_null(o, a.as_deref());
-                }
-                o.push(b'}');
-            }
-        }
-        self.finish_fields(o, c);
-        o.extend_from_slice(b",\"prompt_logprobs\":null,\"prompt_token_ids\":");
-        self.ids(o, c.prompt_token_ids.as_deref());
-        o.extend_from_slice(b",\"routed_experts\":null}");
-    }
-
-    /// `finish_reason`, `stop_reason`, `token_ids`.
-    fn finish_fields(&self, o: &mut Vec<u8>, c: &ChoiceAcc) {
-        o.extend_from_slice(b",\"finish_reason\":");
-        raw_or_null(o, c.finish_reason.as_deref());
-        o.extend_from_slice(b",\"stop_reason\":");
-        raw_or_null(o, c.stop_reason.as_deref());
-        o.extend_from_slice(b",\"token_ids\":");
-        match (&c.token_ids, self.expose_token_ids) {
-            (Some(ids), true) => list_or_null(o, Some(ids)),
-            _ => o.extend_from_slice(b"null"),
-        }
-    }
-}
-
-/// The engine's usage bytes with `prompt_tokens_details` / `completion_tokens_details`
-/// appended as `null` when missing (vLLM's non-streaming usage has both keys).
-pub fn usage_with_details(raw: &[u8], info: &UsageInfo) -> Vec<u8> {
-    let mut u = raw.to_vec();
-    let close = u.pop(); // the closing brace (raw values carry no trailing space)
-    debug_assert_eq!(close, Some(b'}'));
-    let mut any = info.any_key;
-    for (has, key) in [
-        (
-            info.has_prompt_tokens_details,
-            &b"\"prompt_tokens_details\":null"[..],
-        ),
-        (
-            info.has_completion_tokens_details,
-            b"\"completion_tokens_details\":null",
-        ),
-    ] {
-        if !has {
-            if any {
-                u.push(b',');
-            }
-            u.extend_from_slice(key);
-            any = true;
-        }
-    }
-    u.push(b'}');
-    u
-}
-
-fn raw_or_null(o: &mut Vec<u8>, v: Option<&[u8]>) {
-    o.extend_from_slice(v.unwrap_or(b"null"));
-}
-
-fn string_or_null(o: &mut Vec<u8>, v: Option<&[u8]>) {
-    match v {
-        Some(s) => {
-            o.push(b'"');
-            o.extend_from_slice(s);
-            o.push(b'"');
-        }
-        None => o.extend_from_slice(b"null"),
-    }
-}
-
-fn string_or_empty(o: &mut Vec<u8>, v: Option<&[u8]>) {
-    string_or_null(o, Some(v.unwrap_or(b"")));
-}
-
-fn list_or_null(o: &mut Vec<u8>, v: Option<&[u8]>) {
-    match v {
-        Some(s) => {
-            o.push(b'[');
-            o.extend_from_slice(s);
-            o.push(b']');
-        }
-        None => o.extend_from_slice(b"null"),
     }
 }

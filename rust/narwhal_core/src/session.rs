@@ -285,3 +285,151 @@ impl Core {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn session(assemble: bool, expose: bool, require: bool) -> StreamSession {
+        StreamSession::new(Options {
+            route: Route::Chat,
+            assemble,
+            expose_token_ids: expose,
+            drop_usage: true,
+            require_token_ids: require,
+            prompt_tokens: 0,
+        })
+    }
+
+    const ROLE: &str = r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}],"prompt_token_ids":[1,2]}"#;
+    const TEXT: &str = r#"{"choices":[{"index":0,"delta":{"content":"hi"},"token_ids":[7,8]}]}"#;
+    const IDS_ONLY: &str =
+        r#"{"choices":[{"index":0,"delta":{},"logprobs":null,"token_ids":[9]}]}"#;
+    const USAGE: &str = r#"{"choices":[],"usage":{"completion_tokens":3}}"#;
+
+    fn sse(events: &[&str]) -> Vec<u8> {
+        let mut b = Vec::new();
+        for e in events {
+            b.extend_from_slice(format!("data: {e}\r\n\r\n").as_bytes());
+        }
+        b
+    }
+
+    #[test]
+    fn streaming_rewrites_drops_and_counts() {
+        let mut s = session(false, false, true);
+        let body = [
+            sse(&[ROLE, TEXT, IDS_ONLY, USAGE]),
+            b"data: [DONE]\r\n\r\n".to_vec(),
+        ]
+        .concat();
+        let (out, n, state) = s.feed(&body);
+        let want = concat!(
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}],\"prompt_token_ids\":null}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"},\"token_ids\":null}]}\n\n",
+            "data: [DONE]\n\n"
+        );
+        assert_eq!(std::str::from_utf8(out).unwrap(), want);
+        assert_eq!((n, state), (3, State::Done));
+        assert_eq!(
+            (
+                s.events(),
+                s.output_tokens(),
+                s.engine_usage_completion_tokens()
+            ),
+            (4, 3, Some(3))
+        );
+        assert_eq!(s.feed(TEXT.as_bytes()), (&b""[..], 0, State::Done));
+    }
+
+    #[test]
+    fn exposed_ids_and_byte_splits() {
+        let body = [
+            sse(&[ROLE, TEXT, IDS_ONLY]),
+            b"data: [DONE]\r\n\r\n".to_vec(),
+        ]
+        .concat();
+        let mut whole = session(false, true, true);
+        let want = whole.feed(&body).0.to_vec();
+        assert_eq!(
+            want,
+            [
+                sse(&[ROLE, TEXT, IDS_ONLY]),
+                b"data: [DONE]\r\n\r\n".to_vec()
+            ]
+            .concat()
+            .replace_crlf()
+        );
+        let mut s = session(false, true, true);
+        let mut got = Vec::new();
+        let mut ids = 0;
+        for b in &body {
+            let (out, n, _) = s.feed(std::slice::from_ref(b));
+            got.extend_from_slice(out);
+            ids += n;
+        }
+        assert_eq!((got, ids, s.state()), (want, 3, State::Done));
+    }
+
+    trait ReplaceCrlf {
+        fn replace_crlf(self) -> Vec<u8>;
+    }
+    impl ReplaceCrlf for Vec<u8> {
+        fn replace_crlf(self) -> Vec<u8> {
+            String::from_utf8(self)
+                .unwrap()
+                .replace("\r\n", "\n")
+                .into_bytes()
+        }
+    }
+
+    #[test]
+    fn failures_stop_the_stream() {
+        let mut s = session(false, false, true);
+        let bad = r#"{"choices":[{"index":0,"delta":{"content":"x"},"token_ids":[true]}]}"#;
+        let (out, n, state) = s.feed(&sse(&[TEXT, bad, TEXT]));
+        assert_eq!((!out.is_empty(), n, state), (true, 2, State::Failed));
+        let f = s.failure().unwrap();
+        assert_eq!(f.code(), "malformed_engine_output");
+        assert!(f.to_string().contains("Boolean"));
+        assert_eq!(s.events(), 1);
+        let mut s = session(false, false, true);
+        s.feed(&sse(&[
+            r#"{"choices":[{"index":0,"delta":{"content":"x"}}]}"#,
+        ]));
+        assert!(s.failure().unwrap().to_string().contains("no token_ids"));
+        let mut s = session(false, false, false);
+        assert_eq!(
+            s.feed(&sse(&[
+                r#"{"choices":[{"index":0,"delta":{"content":"x"}}]}"#
+            ]))
+            .1,
+            1
+        );
+    }
+
+    #[test]
+    fn assembly_errors_and_engine_errors() {
+        let mut s = session(true, false, true);
+        s.feed(&sse(&[ROLE, TEXT]));
+        assert_eq!(
+            s.finish().unwrap_err().to_string(),
+            "engine stream ended before [DONE]"
+        );
+        let mut s = session(true, false, true);
+        let err = r#"{"error": {"message": "oops", "code": 500}}"#;
+        let (out, _, state) = s.feed(&[sse(&[ROLE, err]), b"data: [DONE]\n\n".to_vec()].concat());
+        assert_eq!((out, state), (&b""[..], State::Done));
+        assert_eq!(s.finish().unwrap_err(), StreamError::Engine("oops".into()));
+        assert_eq!(s.engine_error(), Some(err.as_bytes()));
+        let mut s = session(true, false, true);
+        s.feed(&sse(&[
+            r#"{"choices":[{"index":0,"delta":{"audio":{"id":"a"}}}]}"#,
+        ]));
+        assert_eq!(s.failure().unwrap().code(), "unsupported_engine_field");
+        assert_eq!(
+            session(false, false, false).finish().unwrap_err(),
+            StreamError::NotAssembling
+        );
+    }
+}
