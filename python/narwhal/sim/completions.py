@@ -66,8 +66,10 @@ class Completions:
         try:
             body = orjson.loads(request.body)
         except orjson.JSONDecodeError as exc:
-            err = SimError(400, f"JSON decode error: {exc}", "Bad Request")
-            exchange.send(400, err.body())
+            record = self._stats.arrive(request.path, request.headers,
+                                        request.body.decode("utf-8", "replace"))
+            exchange.send(400, SimError(400, f"JSON decode error: {exc}", "Bad Request").body())
+            self._stats.end(record, "rejected")
             return
         record = self._stats.arrive(request.path, request.headers, body)
         try:

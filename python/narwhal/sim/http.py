@@ -265,6 +265,10 @@ class Connection(asyncio.Protocol):
         old = self._headers.get(key)
         self._headers[key] = text if old is None else old + ", " + text
 
+    def on_headers_complete(self) -> None:
+        if self._headers.get("expect", "").lower() == "100-continue" and self._current is None:
+            self.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
     def on_body(self, body: bytes) -> None:
         self._body.append(body)
 
