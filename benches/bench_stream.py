@@ -1,0 +1,143 @@
+"""Benchmarks of the per-token path: Rust StreamSession against its Python oracle, same run.
+
+Run: ``pytest benches/bench_stream.py``. ``test_ratio_gate`` (last) fails when the Rust
+path is less than 5x faster than the oracle on any case.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from narwhal._narwhal_fast import StreamSession
+from reference import stream_oracle
+
+IMPLS = {"rust": StreamSession, "oracle": stream_oracle.StreamSession}
+GATE = 5.0
+MEDIANS: dict[tuple[str, str], float] = {}
+HEAD = {
+    "id": "chatcmpl-bc187f2374436c40",
+    "object": "chat.completion.chunk",
+    "created": 1796228970,
+    "model": "meta-llama/Llama-3.1-8B-Instruct",
+}
+
+
+def frame(event: dict[str, Any]) -> bytes:
+    return (
+        b"data: " + json.dumps(event, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
+    )
+
+
+def content_event(i: int) -> bytes:
+    """A typical vLLM content chunk with return_token_ids (one token)."""
+    choice = {
+        "index": 0,
+        "delta": {"content": f" word{i % 97}"},
+        "logprobs": None,
+        "finish_reason": None,
+        "token_ids": [1000 + i % 30000],
+    }
+    return frame(HEAD | {"choices": [choice]})
+
+
+def stream_reads(tokens: int) -> list[bytes]:
+    """One read per event: role chunk, `tokens` content chunks, finish, usage, [DONE]."""
+    role = {
+        "index": 0,
+        "delta": {"role": "assistant", "content": ""},
+        "logprobs": None,
+        "finish_reason": None,
+    }
+    finish = {
+        "index": 0,
+        "delta": {"content": ""},
+        "logprobs": None,
+        "finish_reason": "stop",
+        "stop_reason": None,
+        "token_ids": [2],
+    }
+    usage = {"prompt_tokens": 11, "total_tokens": 12 + tokens, "completion_tokens": tokens + 1}
+    return [
+        frame(HEAD | {"choices": [role], "prompt_token_ids": list(range(11))}),
+        *(content_event(i) for i in range(tokens)),
+        frame(HEAD | {"choices": [finish]}),
+        frame(HEAD | {"choices": [], "usage": usage}),
+        b"data: [DONE]\n\n",
+    ]
+
+
+def record(case: str, impl: str, benchmark: Any) -> None:
+    stats = getattr(benchmark, "stats", None)
+    if stats is not None:
+        MEDIANS[(case, impl)] = stats.stats.median
+
+
+@pytest.mark.parametrize("impl", ["rust", "oracle"])
+@pytest.mark.parametrize("per_read", [1, 16])
+def test_parse_validate_expose(benchmark: Any, impl: str, per_read: int) -> None:
+    """A streaming client without return_token_ids: parse, validate IDs, null them."""
+    s = IMPLS[impl](
+        "chat", assemble=False, expose_token_ids=False, drop_usage=False, require_token_ids=True
+    )
+    read = b"".join(content_event(i) for i in range(per_read))
+    out, count, state = s.feed(read)
+    assert (count, state) == (per_read, 0) and out.count(b'"token_ids":null') == per_read
+    benchmark.extra_info["events_per_read"] = per_read
+    benchmark(s.feed, read)
+    record(f"event x{per_read}", impl, benchmark)
+
+
+@pytest.mark.parametrize("impl", ["rust", "oracle"])
+@pytest.mark.parametrize("tokens", [1, 64, 4096])
+def test_assemble_stream(benchmark: Any, impl: str, tokens: int) -> None:
+    """A non-streaming client: the whole engine stream, one read per event, then finish()."""
+    reads = stream_reads(tokens)
+    cls = IMPLS[impl]
+
+    def run() -> bytes:
+        s = cls(
+            "chat",
+            assemble=True,
+            expose_token_ids=True,
+            drop_usage=False,
+            require_token_ids=True,
+            prompt_tokens=11,
+        )
+        for r in reads:
+            s.feed(r)
+        body: bytes = s.finish()
+        return body
+
+    body = json.loads(run())
+    assert len(body["choices"][0]["token_ids"]) == tokens + 1
+    benchmark(run)
+    record(f"assemble {tokens}", impl, benchmark)
+
+
+def test_ratio_gate() -> None:
+    cases = sorted({case for case, _ in MEDIANS})
+    if not cases:
+        pytest.skip("no benchmark statistics (benchmarks disabled or deselected)")
+    lines, slow = [], []
+    for case in cases:
+        rust, oracle = MEDIANS.get((case, "rust")), MEDIANS.get((case, "oracle"))
+        if rust is None or oracle is None:
+            continue
+        ratio = oracle / rust
+        per_event = rust / int(case.split("x")[1]) if case.startswith("event") else None
+        extra = f", {per_event * 1e6:.2f} us/event" if per_event else ""
+        lines.append(
+            f"{case:>14}: rust {rust * 1e6:10.1f} us, oracle {oracle * 1e6:10.1f} us, "
+            f"{ratio:6.1f}x{extra}"
+        )
+        if ratio < GATE:
+            slow.append(case)
+    print("\n" + "\n".join(lines))
+    assert not slow, f"Rust path under {GATE}x the oracle: {slow}"
