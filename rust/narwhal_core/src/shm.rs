@@ -340,13 +340,35 @@ mod tests {
     use super::*;
     use std::sync::atomic::AtomicU64;
 
-    fn tmp_path(name: &str) -> PathBuf {
+    /// A test file path under /dev/shm, removed when dropped (also when the test panics).
+    struct TempPath(PathBuf);
+
+    impl std::ops::Deref for TempPath {
+        type Target = Path;
+        fn deref(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl AsRef<Path> for TempPath {
+        fn as_ref(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for TempPath {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+
+    fn tmp_path(name: &str) -> TempPath {
         let dir = if Path::new("/dev/shm").is_dir() {
             PathBuf::from("/dev/shm")
         } else {
             std::env::temp_dir()
         };
-        dir.join(format!("narwhal-test-{}-{}", name, std::process::id()))
+        TempPath(dir.join(format!("narwhal-test-{}-{}", name, std::process::id())))
     }
 
     fn counter(region: &Region) -> &AtomicU64 {

@@ -17,13 +17,35 @@ const QUEUE: u64 = 2;
 const SLOTS: u64 = 2;
 const ENGINES: usize = 4;
 
-fn shm_path(name: &str) -> PathBuf {
+/// A test file path under /dev/shm, removed when dropped (also when the test panics).
+struct TempPath(PathBuf);
+
+impl std::ops::Deref for TempPath {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for TempPath {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempPath {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn shm_path(name: &str) -> TempPath {
     let dir = if PathBuf::from("/dev/shm").is_dir() {
         "/dev/shm".into()
     } else {
         std::env::temp_dir()
     };
-    dir.join(format!("narwhal-board-{name}-{}", std::process::id()))
+    TempPath(dir.join(format!("narwhal-board-{name}-{}", std::process::id())))
 }
 
 fn check_limits(s: &Snapshot) {
@@ -335,7 +357,6 @@ fn attach_checks_the_layout() {
     let garbage = shm_path("garbage");
     std::fs::write(&garbage, [b'x'; 4096]).unwrap();
     let bad = Board::attach(&garbage, 8);
-    std::fs::remove_file(&garbage).unwrap();
     assert!(matches!(
         bad,
         Err(BoardError::Shm(ShmError::BadMagic { .. }))
@@ -375,7 +396,7 @@ fn a_dead_workers_share_is_reaped() {
     let _my_slot = board.acquire_slot(1, Phase::Prefill, 10).unwrap().unwrap();
     let status = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "child_holds_and_dies", "--test-threads=1", "-q"])
-        .env(CHILD_ENV, &path)
+        .env(CHILD_ENV, path.as_os_str())
         .stdout(Stdio::null())
         .status()
         .unwrap();
