@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from narwhal._narwhal_fast import StreamSession
 from reference import stream_oracle
 
-IMPLS = {"rust": StreamSession, "oracle": stream_oracle.StreamSession}
+IMPLS: dict[str, Any] = {"rust": StreamSession, "oracle": stream_oracle.StreamSession}
 GATE = 5.0
 MEDIANS: dict[tuple[str, str], float] = {}
 HEAD = {

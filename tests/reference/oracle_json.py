@@ -40,7 +40,9 @@ def noun(v: object) -> str:
         return "a Boolean"
     if isinstance(v, (int, float)):
         return "a number"
-    return {str: "a string", list: "a list", dict: "an object"}[type(v)]
+    if isinstance(v, str):
+        return "a string"
+    return "a list" if isinstance(v, list) else "an object"
 
 
 def want(v: object, kind: type, what: str) -> Any:

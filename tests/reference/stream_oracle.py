@@ -124,7 +124,7 @@ def is_error(ev: dict[str, Any]) -> bool:
 def error_message(ev: dict[str, Any]) -> str:
     err = ev.get("error")
     if isinstance(err, dict) and isinstance(err.get("message"), str):
-        return err["message"]
+        return str(err["message"])
     if isinstance(err, str):
         return err
     if isinstance(ev.get("message"), str):

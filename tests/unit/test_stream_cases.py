@@ -270,7 +270,7 @@ def test_null_unknown_fields_are_fine(impl: str) -> None:
         (chat([{"index": 0, "delta": "hi"}]), True),
         (chat([], usage=[1]), True),
         (chat([], usage={"completion_tokens": "3"}), True),
-        (completion([cc(["text"])]), True),  # type: ignore[list-item]
+        (completion([cc(["text"])]), True),  # type: ignore[arg-type]
         (chat([ch({"tool_calls": [{"index": -1, "id": "c"}]})]), False),
         (chat([ch({"tool_calls": [{"id": "c"}]})]), False),
         (chat([ch({"tool_calls": [{"index": 0, "function": {"name": 3}}]})]), False),

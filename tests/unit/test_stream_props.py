@@ -23,12 +23,12 @@ SETTINGS = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 
-TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=5)
+TEXT = st.text(st.characters(codec="utf-8"), max_size=5)
 IDS = st.lists(st.integers(0, 2**40), min_size=1, max_size=4)
 FLOAT = st.floats(allow_nan=False, allow_infinity=False, width=64)
 FINISH = st.sampled_from(["stop", "length", "tool_calls"])
 STOP = st.one_of(st.none(), st.integers(0, 999), TEXT)
-BAD_IDS = st.sampled_from(
+BAD_IDS: st.SearchStrategy[Any] = st.sampled_from(
     ["missing", None, [True], [1, False], [-1], [1.0], ["1"], [[1]], [{}], 5, "x", [2**64]]
 )
 OPTIONS = st.fixed_dictionaries(
@@ -119,7 +119,7 @@ def chat_events(draw: st.DrawFn, ids: bool) -> list[dict[str, Any]]:
             "logprobs": None,
             "finish_reason": None,
         }
-        extra = {"prompt_token_ids": draw(IDS) if ids else None}
+        extra: dict[str, Any] = {"prompt_token_ids": draw(IDS) if ids else None}
         events.append(chunk("chat", [role], **extra))
     for _ in range(draw(st.integers(0, 6))):
         choices = []
@@ -267,7 +267,7 @@ def apply_fault(draw: st.DrawFn, events: list[Any], fault: str) -> bool:
 @st.composite
 def stream(draw: st.DrawFn, route: str) -> tuple[dict[str, Any], list[bytes]]:
     opts = draw(OPTIONS)
-    ids = draw(st.booleans()) or opts["require_token_ids"]
+    ids = draw(st.booleans()) or bool(opts["require_token_ids"])
     events: list[Any] = draw(chat_events(ids) if route == "chat" else completion_events(ids))
     if draw(st.booleans()):
         usage = {
