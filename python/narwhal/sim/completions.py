@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import secrets
 import time
 from collections.abc import Callable
 from typing import Any
@@ -187,7 +188,8 @@ class Completions:
             continuous=options.get("continuous_usage_stats") is True,
             logprobs=k, id_fault=id_fault,
             id_fault_after=fault.arg if id_fault is not None and fault is not None else 0)
-        suffix = request.headers.get("x-request-id") or f"{self._rng.getrandbits(64):016x}"
+        # Random (not seeded) so that several simulators never hand out the same id.
+        suffix = request.headers.get("x-request-id") or secrets.token_hex(8)
         rid = ("chatcmpl-" if chat else "cmpl-") + suffix
         created = int(time.time())
         model_name = s.model

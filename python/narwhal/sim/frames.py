@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from narwhal.sim import faults, logprobs
+from narwhal.sim import faults, logprobs, tokenizer
 from narwhal.sim import segments as sg
 
 DONE = b"data: [DONE]\n\n"
@@ -77,8 +77,12 @@ class ChatFrames(_Frames):
         super().__init__(rid, b"chat.completion.chunk", created, model_json, fingerprint, opts)
         self.head = self.top + b'[{"index":0,"delta":'
         self.empty = empty_delta
-        self.plain_tail = b',"logprobs":null,"finish_reason":null'
         self.quiet = not opts.return_ids and opts.logprobs is None and opts.id_fault is None
+        # Fast path for the common event: one text token, no logprobs/usage/fault.
+        self.fast = opts.logprobs is None and not self.continuous and opts.id_fault is None
+        self.fast_ids = b',"logprobs":null,"finish_reason":null,"token_ids":' + (
+            b"[" if opts.return_ids else b"null")
+        self.fast_end = b"]}]}\n\n" if opts.return_ids else b"}]}\n\n"
 
     def _cont(self, prompt: int, completion: int) -> bytes:
         if not self.continuous:
@@ -94,6 +98,13 @@ class ChatFrames(_Frames):
 
     def events(self, choice: Choice, toks: list[sg.Tok], finish: str | None) -> list[bytes]:
         """Events for the tokens produced since the last call; ``finish`` marks the last."""
+        if self.fast and finish is None and len(toks) == 1 and choice.first_sent:
+            text_seg, tid, esc, _ = toks[0]
+            if text_seg.mergeable and text_seg is not sg.NONE:
+                choice.sent += 1
+                ids = tokenizer.ID_BYTES[tid] if self.opts.return_ids else b""
+                return [b"".join((self.head, text_seg.open, esc, text_seg.close, self.fast_ids,
+                                  ids, self.fast_end))]
         out: list[bytes] = []
         if not choice.first_sent:
             choice.first_sent = True
