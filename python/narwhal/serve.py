@@ -166,8 +166,10 @@ def _serve_workers(config: Config, workers: int, extra: str) -> int:
                 break
             except InterruptedError:
                 continue
-        if code != 0 and not stopping:
-            status = 1
+        if code != 0:
+            board.reap_dead()  # a worker that died holding requests gives its share back
+            if not stopping:
+                status = 1
     holder.close()
     board.unlink()
     return status

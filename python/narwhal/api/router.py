@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import orjson
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import CollectorRegistry
 
 from narwhal._narwhal_fast import Board, Ticket
@@ -77,7 +78,9 @@ class Router:
         self.state = RouterState(config, self.engines, self.health)
         self.learning = Learning(self.engines)
         self.admin = AdminApi(self)
-        self.collector = BoardCollector(board, lambda: [e.name for e in self.engines])
+        self.collector = BoardCollector(
+            board, lambda: [e.name for e in self.engines], extra=self._metric_families
+        )
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self.collector)
         self.started = False
@@ -208,6 +211,17 @@ class Router:
         if request_id:
             return ((b"x-request-id", request_id.encode("latin-1")),)
         return ()
+
+    def _metric_families(self) -> list[Metric]:
+        accounting = GaugeMetricFamily(
+            "narwhal_engine_token_accounting",
+            "1 for the engine's token accounting mode (token_ids or unavailable).",
+            labels=["engine", "mode"],
+        )
+        for engine in self.engines:
+            for mode in ("token_ids", "unavailable"):
+                accounting.add_metric([engine.name, mode], float(engine.token_accounting == mode))
+        return [accounting, *self.learning.metric_families()]
 
     # -- information routes ----------------------------------------------------------------
     def info(self, path: str, responder: Responder) -> None:

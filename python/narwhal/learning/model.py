@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from prometheus_client.metrics_core import Metric
+
 from narwhal.fleet.engine import Engine
 
 
@@ -26,6 +28,10 @@ class Learning:
         decode_s: float,
     ) -> None:
         """A request ended having generated ``output_tokens`` over ``decode_s`` of decode."""
+
+    def metric_families(self) -> list[Metric]:
+        """Learned-model metric families for /metrics (e.g. drift per engine)."""
+        return []
 
     def describe(self, engine: Engine) -> dict[str, Any] | None:
         """The ``learned`` object of ``/engines``."""
