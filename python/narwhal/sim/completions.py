@@ -6,6 +6,7 @@ import random
 import secrets
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -23,6 +24,18 @@ from narwhal.sim.stream import ChoiceJob, Response
 MAX_LOGPROBS = 20
 MULTI_TOKEN_INTERVAL = 3
 COMPLETION_DEFAULT_MAX_TOKENS = 16
+
+
+@dataclass
+class _Ask:
+    """What a valid request asks for, once parsed."""
+
+    stream: bool
+    prompts: list[list[int]]
+    budgets: list[int]  # max_tokens per prompt (capped by the context window)
+    interval: int
+    opts: StreamOptions
+    ignore_eos: bool
 
 
 class _Watcher:
@@ -156,11 +169,10 @@ class Completions:
             raise errors.context_too_long(limit, prompt_len, max_tokens)
         return max_tokens if max_tokens is not None else limit - prompt_len
 
-    def _prepare(self, request: Request, exchange: Exchange, record: Record,
-                 body: dict[str, Any], found: Directives, chat: bool) -> Response:
-        s = self._settings
+    def _parse(self, body: dict[str, Any], found: Directives, chat: bool) -> _Ask:
+        """Validate the body the way vLLM does; raise SimError with vLLM's status and body."""
         model = body.get("model")
-        if model is not None and model != s.model:
+        if model is not None and model != self._settings.model:
             raise errors.not_found_model(str(model))
         n = body.get("n")
         if n is not None and n != 1:
@@ -176,6 +188,7 @@ class Completions:
             max_tokens = _int_field(body, "max_tokens", 1)
         if max_tokens is None and not chat:
             max_tokens = COMPLETION_DEFAULT_MAX_TOKENS
+        budgets = [self._limits(len(p), max_tokens) for p in prompts]
         k = self._logprobs(body, chat)
         interval = _int_field(body, "stream_interval", 1) or 1
         if found.has("multi_token"):
@@ -188,52 +201,57 @@ class Completions:
             continuous=options.get("continuous_usage_stats") is True,
             logprobs=k, id_fault=id_fault,
             id_fault_after=fault.arg if id_fault is not None and fault is not None else 0)
+        return _Ask(stream, prompts, budgets, interval, opts, body.get("ignore_eos") is True)
+
+    def _prepare(self, request: Request, exchange: Exchange, record: Record,
+                 body: dict[str, Any], found: Directives, chat: bool) -> Response:
+        """Parse, plan every choice's tokens and wire the response to the engine."""
+        ask = self._parse(body, found, chat)
+        s = self._settings
+        opts = ask.opts
         # Random (not seeded) so that several simulators never hand out the same id.
-        suffix = request.headers.get("x-request-id") or secrets.token_hex(8)
-        rid = ("chatcmpl-" if chat else "cmpl-") + suffix
+        rid = ("chatcmpl-" if chat else "cmpl-") + (
+            request.headers.get("x-request-id") or secrets.token_hex(8))
         created = int(time.time())
-        model_name = s.model
-        ignore_eos = body.get("ignore_eos") is True
         plans = []
-        for prompt_ids in prompts:
-            budget = self._limits(len(prompt_ids), max_tokens)
+        for prompt_ids, budget in zip(ask.prompts, ask.budgets, strict=True):
             out_len = s.output_length.sample(self._rng)
             if chat:
-                plan = scenarios.chat_plan(body, found, self._rng, out_len, budget, ignore_eos)
+                plan = scenarios.chat_plan(body, found, self._rng, out_len, budget,
+                                           ask.ignore_eos)
             else:
-                plan = scenarios.completion_plan(self._rng, out_len, budget, ignore_eos)
+                plan = scenarios.completion_plan(self._rng, out_len, budget, ask.ignore_eos)
             plans.append((prompt_ids, plan))
-        kv = self._kv_params(body, rid, len(prompts[0])) if not stream else None
-        model_json = orjson.dumps(model_name)
+        kv = None if ask.stream else self._kv_params(body, rid, len(ask.prompts[0]))
+        model, model_json, fp = s.model, orjson.dumps(s.model), s.fingerprint
         frames: ChatFrames | CompletionFrames | None = None
         build: Callable[[list[ChoiceJob]], bytes]
         if chat:
-            if stream:
-                frames = ChatFrames(rid, created, model_json, s.fingerprint, opts,
-                                    plans[0][1].empty_delta)
+            if ask.stream:
+                frames = ChatFrames(rid, created, model_json, fp, opts, plans[0][1].empty_delta)
 
             def build(choices: list[ChoiceJob]) -> bytes:
                 c = choices[0]
-                return bodies.chat(rid, created, model_name, s.fingerprint, toks=c.tokens,
-                                   finish=c.finish, prompt_ids=c.prompt_ids,
-                                   return_ids=opts.return_ids, top_logprobs=k,
+                return bodies.chat(rid, created, model, fp, toks=c.tokens, finish=c.finish,
+                                   prompt_ids=c.prompt_ids, return_ids=opts.return_ids,
+                                   top_logprobs=opts.logprobs,
                                    legacy_reasoning=found.has("reasoning_content"),
-                                   id_fault=id_fault, kv_transfer_params=kv)
+                                   id_fault=opts.id_fault, kv_transfer_params=kv)
         else:
-            if stream:
-                frames = CompletionFrames(rid, created, model_json, s.fingerprint, opts)
+            if ask.stream:
+                frames = CompletionFrames(rid, created, model_json, fp, opts)
 
             def build(choices: list[ChoiceJob]) -> bytes:
                 outputs = [(c.tokens, c.finish, c.prompt_ids) for c in choices]
-                return bodies.completion(rid, created, model_name, s.fingerprint,
-                                         outputs=outputs, return_ids=opts.return_ids, k=k,
-                                         id_fault=id_fault, kv_transfer_params=kv)
+                return bodies.completion(rid, created, model, fp, outputs=outputs,
+                                         return_ids=opts.return_ids, k=opts.logprobs,
+                                         id_fault=opts.id_fault, kv_transfer_params=kv)
         response = Response(engine=self._engine, stats=self._stats, record=record,
-                            exchange=exchange, stream=stream, frames=frames, fault=fault,
-                            build_body=build)
+                            exchange=exchange, stream=ask.stream, frames=frames,
+                            fault=found.fault, build_body=build)
         for index, (prompt_ids, plan) in enumerate(plans):
             response.add(ChoiceJob(response, index, prompt_ids, plan.tokens, plan.finish,
-                                   interval))
+                                   ask.interval))
         return response
 
     @staticmethod
