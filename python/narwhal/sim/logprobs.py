@@ -17,7 +17,7 @@ _SPAN = tokenizer.VOCAB_SIZE - tokenizer.FIRST_ORDINARY
 
 
 def logprob(token_id: int) -> float:
-    return -(0.05 + ((token_id * 7919) % 5000) / 1000.0)
+    return -round(0.05 + ((token_id * 7919) % 5000) / 1000.0, 6)
 
 
 def alternatives(token_id: int, k: int) -> list[tuple[int, str, float]]:
@@ -28,7 +28,7 @@ def alternatives(token_id: int, k: int) -> list[tuple[int, str, float]]:
         if j == 0:
             continue
         tid = (token_id - tokenizer.FIRST_ORDINARY + 131 * j) % _SPAN + tokenizer.FIRST_ORDINARY
-        out.append((tid, tokenizer.OUTPUT_TEXTS[tid], base - 0.0137 * j - 0.003))
+        out.append((tid, tokenizer.OUTPUT_TEXTS[tid], round(base - 0.0137 * j - 0.003, 6)))
     return out
 
 

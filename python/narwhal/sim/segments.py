@@ -9,6 +9,7 @@ id but no text; complete segments (tool-call heads, fault payloads) are whole de
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import orjson
@@ -109,8 +110,6 @@ _PLAIN_LEN = 4096
 
 
 def _plain_run(seed: int) -> list[Tok]:
-    import random
-
     rng = random.Random(seed)
     lo, hi = tokenizer.FIRST_ORDINARY, tokenizer.VOCAB_SIZE - 1
     run: list[Tok] = []
