@@ -95,6 +95,15 @@ def test_bad_sse_framing() -> None:
     assert b"garbage framing" in r.body and r.complete
 
 
+@pytest.mark.parametrize("stream", [True, False])
+def test_bad_http_chunk_then_close(stream: bool) -> None:
+    r, transport, stats = faulted("bad_chunk:2", {**BODY, "stream": stream})
+    assert r.status == 200 and r.header("transfer-encoding") == "chunked"
+    assert not r.complete and transport.closed and not transport.aborted
+    assert transport.data.endswith(b"zz\r\nthis is not a chunk\r\n")
+    assert stats["recent"][-1]["outcome"] == "fault:bad_chunk" and stats["running"] == 0
+
+
 @pytest.mark.parametrize(("fault", "key"), [("audio", "audio"), ("annotations", "annotations"),
                                             ("custom_tool", "tool_calls")])
 def test_unsupported_delta_fields(fault: str, key: str) -> None:

@@ -16,23 +16,29 @@ SCENARIOS = frozenset({
     "function_call", "id_only_events", "multi_token",
 })
 
-# Fault name -> default argument (None: takes no argument). Arguments are token counts,
-# except slow_headers (milliseconds).
+# Fault name -> default argument (None: takes no argument). Arguments count generated
+# tokens (0 = right after the response headers), except slow_headers (milliseconds).
 FAULTS: dict[str, int | None] = {
+    # token_ids of every event from token N on: key absent, null, [true], [-id-1], [id.0], ["id"]
     "missing_ids": 0, "null_ids": 0, "bool_ids": 0, "negative_ids": 0, "float_ids": 0,
     "string_ids": 0,
-    "malformed_json": 1, "bad_sse": 1,
+    # after token N: a cut-off JSON event / lines that are not SSE / a broken HTTP chunk + close
+    "malformed_json": 1, "bad_sse": 1, "bad_chunk": 1,
+    # a delta carrying a field Narwhal does not support, inserted at token position N
     "audio": 0, "annotations": 0, "custom_tool": 0,
+    # vLLM's error bodies instead of the response
     "http_500": None, "http_400": None,
+    # before any header: TCP reset / silence / headers N ms late
     "reset_before_headers": None, "hang_before_headers": None, "slow_headers": 1000,
+    # after token N: TCP reset / silence / vLLM's mid-stream error event and [DONE]
     "reset_mid_stream": 1, "hang_mid_stream": 1, "error_event": 1,
 }
 ID_FAULTS = frozenset({"missing_ids", "null_ids", "bool_ids", "negative_ids", "float_ids",
                        "string_ids"})
 PAYLOAD_FAULTS = frozenset({"audio", "annotations", "custom_tool"})
 # Faults that act when the request has produced ``arg`` tokens.
-TRIGGER_FAULTS = frozenset({"malformed_json", "bad_sse", "reset_mid_stream", "hang_mid_stream",
-                            "error_event"})
+TRIGGER_FAULTS = frozenset({"malformed_json", "bad_sse", "bad_chunk", "reset_mid_stream",
+                            "hang_mid_stream", "error_event"})
 
 _MARKER = re.compile(rb"\[\[(sim|fault):([A-Za-z_][A-Za-z_0-9]*(?:[,:][A-Za-z_0-9]+)*)\]\]")
 

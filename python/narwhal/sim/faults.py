@@ -12,6 +12,8 @@ MALFORMED_EVENT = (
     b'data: {"id":"chatcmpl-broken","object":"chat.completion.chunk","choices":[{"index":0,'
     b'"delta":{"content":"tru\n\n'
 )
+# Not an HTTP chunk: a size line that is not hexadecimal (the connection closes after it).
+BAD_CHUNK = b"zz\r\nthis is not a chunk\r\n"
 # Lines that are not SSE fields and an event whose data line lacks the "data:" field name.
 BAD_SSE = b'garbage framing {"choices":[]}\r\nstill no field\n\ndata {"broken":\n\n'
 

@@ -165,6 +165,11 @@ class Exchange:
         self.finished = True
         self._conn.reset()
 
+    def close(self) -> None:
+        """Close the connection (FIN) without completing the response."""
+        self.finished = True
+        self._conn.close()
+
     def hang(self) -> None:
         """Never answer: the connection stays open, unusable, until the client leaves."""
         self.finished = True

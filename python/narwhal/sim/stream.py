@@ -193,6 +193,11 @@ class Response:
             ex.reset()
         elif name == "hang_mid_stream":
             ex.hang()
+        elif name == "bad_chunk":
+            ex.listener = None
+            ex.start()  # non-streaming: chunked headers, so that the framing can break
+            ex.write_raw(faults.BAD_CHUNK)
+            ex.close()
         elif name == "error_event":
             if self.stream:
                 ex.end([errors.error_event(), DONE])
