@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 import pytest
 
+from narwhal.sim import SimSettings, Simulator
 from narwhal.sim.http import Connection
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -146,3 +147,30 @@ def test_routes_and_method_errors() -> None:
     assert out["POST /detokenize"].json() == {"prompt": ".,"}
     assert out["bad json"].status == 400
     assert out["stats"]["received"] == 1 and out["stats"]["rejected"] == 1
+
+
+def test_simulator_runs_inside_a_loop() -> None:
+    async def go() -> tuple[int, bytes, int]:
+        sim = Simulator(SimSettings(model="tiny", tpot_ms=1, prefill_overhead_ms=0))
+        port = await sim.start("127.0.0.1", 0)
+        try:
+            with pytest.raises(RuntimeError):
+                await sim.start("127.0.0.1", 0)
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(Harness.raw_request("POST", "/v1/chat/completions",
+                                             {**CHAT, "stream": True}))
+            data = b""
+            while not data.endswith(b"0\r\n\r\n"):
+                chunk = await asyncio.wait_for(reader.read(65536), 5)
+                assert chunk
+                data += chunk
+            writer.close()
+            assert sim.app is not None
+            return port, data, sim.app.stats.completed
+        finally:
+            await sim.stop()
+
+    port, data, completed = run_async(go())
+    r = parse_response(data)
+    assert port > 0 and r.status == 200 and r.events[-1] == b"data: [DONE]"
+    assert completed == 1
