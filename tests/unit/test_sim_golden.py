@@ -1,5 +1,5 @@
 """Golden bytes: the simulator's answers to the captured vLLM 0.32 requests, masked, equal the
-captures (``python/narwhal/sim/transcripts``) event for event and header for header."""
+captures (``tests/data/transcripts``) event for event and header for header."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from helpers.simproc import Harness, RawResponse
 
-TRANSCRIPTS = Path(__file__).resolve().parents[2] / "python/narwhal/sim/transcripts"
+TRANSCRIPTS = Path(__file__).resolve().parents[1] / "data/transcripts"
 
 
 @dataclass
