@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from typing import TYPE_CHECKING, Any
 
+from narwhal.fleet.breaker import Breaker
 from narwhal.upstream.client import EngineClient
 
 if TYPE_CHECKING:
@@ -24,6 +25,7 @@ class Engine:
     """An engine of the fleet. ``index`` is its slot in the shared accounting board."""
 
     __slots__ = (
+        "breaker",
         "client",
         "config",
         "consecutive_failures",
@@ -47,6 +49,7 @@ class Engine:
         self.consecutive_successes = 0
         self.last_probe_ok: float | None = None
         self.load: dict[str, float] = {}
+        self.breaker = Breaker(config.name)  # thresholds set by the health monitor
 
     @property
     def name(self) -> str:
@@ -67,11 +70,19 @@ class Engine:
             return "maintenance"
         if self.draining:
             return "draining"
+        if self.health is Health.HEALTHY and self.breaker.describe() == "open":
+            return "circuit_open"
         return self.health.value
 
     def serves(self) -> bool:
-        """Healthy and accepting new placements (phase capacity is checked by the scheduler)."""
-        return self.health is Health.HEALTHY and not self.draining and not self.maintenance
+        """Healthy, not drained, circuit not open: accepting new placements (phase capacity
+        is checked by the scheduler)."""
+        return (
+            self.health is Health.HEALTHY
+            and not self.draining
+            and not self.maintenance
+            and self.breaker.allows()
+        )
 
     def describe(self, inflight: dict[str, int]) -> dict[str, Any]:
         cfg = self.config
@@ -82,6 +93,8 @@ class Engine:
             "role": cfg.role,
             "wave": cfg.wave,
             "state": self.state,
+            "health": self.health.value,
+            "breaker": self.breaker.describe(),
             "token_accounting": self.token_accounting,
             "inflight": inflight,
             "max_prefill": cfg.max_prefill,

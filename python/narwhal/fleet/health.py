@@ -22,12 +22,24 @@ _LOAD_RE = re.compile(
     rb"sglang:num_queue_reqs)(?:\{[^}]*\})?\s+([0-9.eE+-]+)",
     re.MULTILINE,
 )
+# Probe failures that still establish the engine's state: it answered, or its host refused
+# or reset the connection. Only a probe that hears nothing ("timeout") leaves it unknown.
+_KNOWN_FAILURES = frozenset({"connect", "reset", "protocol"})
 
 
 class HealthMonitor:
     """Probes every engine; evicts after ``failures_to_evict``, restores after
-    ``successes_to_restore``. An engine that answers (any status) or refuses the connection
-    has a known state; a probe that times out leaves it unknown (monitoring staleness)."""
+    ``successes_to_restore`` (an engine still unknown at start is healthy on its first good
+    probe, unhealthy on its first bad one). An engine that answers (any status) or refuses the
+    connection has a known state; a probe that times out leaves it unknown, and when no
+    probe has established any engine's state for ``monitoring_stale_s`` the router is
+    monitoring-degraded. Staleness is measured from the last probe that established a state,
+    so a monitoring loop that stalls (not only probes that hang) also counts.
+
+    It also sets each engine's circuit breaker: ``failures_to_evict`` consecutive failed
+    request attempts open it, for a cool-down of ``failures_to_evict * interval_s`` (about
+    the time probing takes to evict a dead engine).
+    """
 
     def __init__(
         self,
@@ -39,10 +51,47 @@ class HealthMonitor:
         self.config = config
         self.on_change = on_change
         self.last_established: float | None = None  # loop time a probe last gave a known state
+        self.since: float | None = None  # loop time monitoring began (staleness before any state)
+        self.rounds = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
+        for engine in engines:
+            breaker = engine.breaker
+            breaker.threshold = config.failures_to_evict
+            breaker.cooldown_s = config.failures_to_evict * config.interval_s
+            breaker.on_change = self._notifier(engine)
 
+    def _notifier(self, engine: Engine) -> Callable[[], None]:
+        def notify() -> None:
+            self.on_change(engine)
+
+        return notify
+
+    # -- monitoring staleness ---------------------------------------------------------------
+    def staleness(self) -> float:
+        """Seconds since a probe last established any engine's state (0 before monitoring)."""
+        loop = self._loop
+        if loop is None:
+            return 0.0
+        anchor = self.last_established if self.last_established is not None else self.since
+        return 0.0 if anchor is None else max(0.0, loop.time() - anchor)
+
+    def degraded(self) -> bool:
+        """Monitoring-degraded: no engine's state established for ``monitoring_stale_s``."""
+        return self.staleness() > self.config.monitoring_stale_s
+
+    # -- probing ----------------------------------------------------------------------------
     async def probe_all(self) -> None:
-        await asyncio.gather(*(self._probe(engine) for engine in self.engines))
+        """One probe round over every engine, bounded by about twice ``timeout_s``."""
+        loop = self._loop = asyncio.get_running_loop()
+        if self.since is None:
+            self.since = loop.time()
+        limit = 2 * self.config.timeout_s + 0.5  # probe plus load scrape, each bounded
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(
+                asyncio.gather(*(self._probe(engine) for engine in self.engines)), limit
+            )
+        self.rounds += 1
 
     async def _probe(self, engine: Engine) -> None:
         cfg = self.config
@@ -53,8 +102,10 @@ class HealthMonitor:
             ok = status == 200
             self.last_established = loop.time()
         except UpstreamError as exc:
-            if exc.kind == "connect":
+            if exc.kind in _KNOWN_FAILURES:
                 self.last_established = loop.time()
+        except asyncio.CancelledError:
+            raise
         except Exception:  # a probe must never kill the monitor
             log.exception("probe of %s failed", engine.name)
         if ok and engine.token_ids:
@@ -93,15 +144,22 @@ class HealthMonitor:
             ):
                 engine.health = Health.UNHEALTHY
         if engine.health is not before:
-            log.info("engine %s: %s -> %s", engine.name, before.value, engine.health.value)
+            log.warning("engine %s: %s -> %s", engine.name, before.value, engine.health.value)
             self.on_change(engine)
 
+    # -- the loop ---------------------------------------------------------------------------
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run())
+        self._loop = asyncio.get_running_loop()
+        self._task = self._loop.create_task(self._run())
 
     async def _run(self) -> None:
+        """Probe rounds at a fixed rate: a round starts every ``interval_s`` (or at once when
+        the previous round overran it)."""
+        loop = asyncio.get_running_loop()
+        next_at = loop.time() + self.config.interval_s
         while True:
-            await asyncio.sleep(self.config.interval_s)
+            await asyncio.sleep(max(0.0, next_at - loop.time()))
+            next_at = max(next_at + self.config.interval_s, loop.time())
             await self.probe_all()
 
     async def stop(self) -> None:
