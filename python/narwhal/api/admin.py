@@ -2,22 +2,139 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import hmac
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
+import orjson
+
+from narwhal.errors import Refusal
+from narwhal.fleet.engine import Engine
+from narwhal.fleet.ha import StaticRole
+from narwhal.fleet.maintenance import UnknownWave
 from narwhal.server.http import Request, Responder
-from narwhal.server.responses import error_body
+from narwhal.server.responses import error_body, refusal_response
 
 if TYPE_CHECKING:
     from narwhal.api.router import Router
 
+_ROLES = ("active", "standby")
+_DRAIN_PREFIX = "/admin/engines/"
+_DRAIN_SUFFIX = "/drain"
+
+
+class _Conflict(Exception):
+    """The request is well-formed but the router's configuration decides otherwise (409)."""
+
 
 class AdminApi:
-    """``/admin/...``: absent (404) when no admin token is configured."""
+    """``/admin/...``: absent (404) when no admin token is configured; otherwise every path
+    needs ``Authorization: Bearer <token>`` (401 before anything else is looked at).
+
+    * ``POST /admin/maintenance`` ``{"waves": ["a"], "enabled": true}`` (``"*"``: every wave)
+    * ``POST /admin/engines/{name}/drain`` ``{"enabled": true}``
+    * ``POST /admin/role`` ``{"role": "active" | "standby"}`` (409 with a lease backend)
+    * ``GET /admin/state``: role, lease and epoch, maintenance, drains, monitoring
+    """
 
     def __init__(self, router: Router):
         self.router = router
+        self._token = (router.config.admin.token or "").encode()
+        self._routes: dict[str, tuple[str, Callable[[Any], dict[str, Any]]]] = {
+            "/admin/maintenance": ("POST", self._maintenance),
+            "/admin/role": ("POST", self._role),
+            "/admin/state": ("GET", lambda _body: self.router.state.describe()),
+        }
 
     async def handle(self, request: Request, responder: Responder) -> None:
-        responder.send(
-            404, error_body(f"No route for {request.path}", "invalid_request_error", None, "not_found")
-        )
+        try:
+            self._authorize(request)
+            method, action = self._route(request.path)
+            if request.method != method:
+                raise Refusal("method_not_allowed", headers=((b"Allow", method.encode()),))
+            result = action(self._body(request) if method == "POST" else None)
+        except Refusal as ref:
+            status, headers, out = refusal_response(ref)
+            responder.send(status, out, headers)
+            return
+        except _Conflict as exc:
+            responder.send(409, error_body(str(exc), "invalid_request_error", "role", "conflict"))
+            return
+        responder.send(200, orjson.dumps(result))
+
+    # -- checks ---------------------------------------------------------------------------
+    def _authorize(self, request: Request) -> None:
+        if not self._token:
+            raise Refusal("not_found", f"No route for {request.path}")
+        scheme, _, given = request.headers.get("authorization", "").strip().partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            given.strip().encode(), self._token
+        ):
+            raise Refusal("unauthorized")
+
+    def _route(self, path: str) -> tuple[str, Callable[[Any], dict[str, Any]]]:
+        route = self._routes.get(path)
+        if route is not None:
+            return route
+        if path.startswith(_DRAIN_PREFIX) and path.endswith(_DRAIN_SUFFIX):
+            name = path[len(_DRAIN_PREFIX) : -len(_DRAIN_SUFFIX)]
+            for engine in self.router.engines:
+                if engine.name == name:
+                    return "POST", lambda body, engine=engine: self._drain(engine, body)
+            raise Refusal("not_found", f"No engine named {name!r}")
+        raise Refusal("not_found", f"No route for {path}")
+
+    @staticmethod
+    def _body(request: Request) -> dict[str, Any]:
+        try:
+            body = orjson.loads(request.body or b"")
+        except orjson.JSONDecodeError:
+            raise Refusal("invalid_json", "The request body is not valid JSON.") from None
+        if not isinstance(body, dict):
+            raise Refusal("invalid_request", "The request body must be a JSON object.")
+        return body
+
+    @staticmethod
+    def _enabled(body: dict[str, Any]) -> bool:
+        enabled = body.get("enabled")
+        if type(enabled) is not bool:
+            raise Refusal("invalid_request", "'enabled' must be true or false.", param="enabled")
+        return enabled
+
+    # -- actions --------------------------------------------------------------------------
+    def _maintenance(self, body: dict[str, Any]) -> dict[str, Any]:
+        maintenance = self.router.state.maintenance
+        waves = body.get("waves")
+        if not isinstance(waves, list) or not waves:
+            raise Refusal("invalid_request", "'waves' must be a non-empty list of wave names.",
+                          param="waves")
+        for i, wave in enumerate(waves):
+            if not isinstance(wave, str):
+                raise Refusal("invalid_request", "Wave names are strings.", param=f"waves[{i}]")
+        enabled = self._enabled(body)
+        try:
+            resolved = maintenance.resolve(waves)
+        except UnknownWave as exc:
+            known = ", ".join(maintenance.waves)
+            raise Refusal("invalid_request", f"{exc} (configured waves: {known}; '*' means all).",
+                          param=f"waves[{exc.index}]") from None
+        maintenance.set(resolved, enabled)
+        return {"maintenance": maintenance.describe()}
+
+    def _drain(self, engine: Engine, body: dict[str, Any]) -> dict[str, Any]:
+        self.router.state.maintenance.drain(engine, self._enabled(body))
+        return {"engine": engine.name, "draining": engine.draining, "state": engine.state}
+
+    def _role(self, body: dict[str, Any]) -> dict[str, Any]:
+        role = body.get("role")
+        if role not in _ROLES:
+            raise Refusal("invalid_request", "'role' must be \"active\" or \"standby\".",
+                          param="role")
+        ha = self.router.state.ha
+        if not isinstance(ha, StaticRole):
+            raise _Conflict(
+                "The role is decided by the lease backend (ha.lease.backend); stop this "
+                "instance or the lease holder to move the role."
+            )
+        ha.set_role(role)
+        return {"ha": ha.describe()}
