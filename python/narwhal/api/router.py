@@ -99,6 +99,17 @@ class Router:
         await self.health.stop()
         await asyncio.gather(*(e.client.close() for e in self.engines))
 
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    @draining.setter
+    def draining(self, value: bool) -> None:
+        """SIGTERM: ``/ready`` says draining, and a held HA lease goes to the standby now."""
+        self._draining = value
+        if value:
+            self.state.step_down()
+
     def _engine_changed(self, engine: Engine) -> None:
         self.board.set_engine_up(engine.index, engine.serves())
         if engine.serves():

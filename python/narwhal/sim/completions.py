@@ -215,12 +215,13 @@ class Completions:
         created = int(time.time())
         plans = []
         for prompt_ids, budget in zip(ask.prompts, ask.budgets, strict=True):
+            # Same prompt, same tokens; the length is drawn per request from --output-len.
+            offset = scenarios.content_offset(s.seed, prompt_ids, body.get("seed"))
             out_len = s.output_length.sample(self._rng)
             if chat:
-                plan = scenarios.chat_plan(body, found, self._rng, out_len, budget,
-                                           ask.ignore_eos)
+                plan = scenarios.chat_plan(body, found, offset, out_len, budget, ask.ignore_eos)
             else:
-                plan = scenarios.completion_plan(self._rng, out_len, budget, ask.ignore_eos)
+                plan = scenarios.completion_plan(offset, out_len, budget, ask.ignore_eos)
             plans.append((prompt_ids, plan))
         kv = None if ask.stream else self._kv_params(body, rid, len(ask.prompts[0]))
         model, model_json, fp = s.model, orjson.dumps(s.model), s.fingerprint

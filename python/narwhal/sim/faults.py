@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import random
+import secrets
 
 from narwhal.sim import segments as sg
 from narwhal.sim import tokenizer
@@ -52,7 +52,7 @@ def ids_value(name: str, ids: list[int]) -> object:
     raise ValueError(name)
 
 
-def payload_token(name: str, rng: random.Random) -> sg.Tok:
+def payload_token(name: str) -> sg.Tok:
     """A token whose delta carries a field Narwhal does not support (audio, annotations...)."""
     if name == "audio":
         audio = {"id": "a", "data": "UklGRiQAAABXQVZFZm10IBAAAAABAAEA", "expires_at": 1,
@@ -65,7 +65,7 @@ def payload_token(name: str, rng: random.Random) -> sg.Tok:
         seg = sg.whole("annotations", {"content": " see", "annotations": notes}, meta=notes)
         return (seg, tokenizer.piece_id(" see"), b"", " see")
     if name == "custom_tool":
-        call = {"id": f"chatcmpl-tool-{rng.getrandbits(64):016x}", "type": "custom", "index": 0,
+        call = {"id": f"chatcmpl-tool-{secrets.token_hex(8)}", "type": "custom", "index": 0,
                 "custom": {"name": "shell", "input": "ls -la"}}
         seg = sg.whole("custom_tool", {"tool_calls": [call]}, meta=call)
         return (seg, tokenizer.piece_id("shell"), b"", "")

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import json
 import random
+import secrets
 from dataclasses import dataclass
 from typing import Any
+
+import orjson
 
 from narwhal.sim import segments as sg
 from narwhal.sim import tokenizer
@@ -83,11 +86,11 @@ def _calls(body: dict[str, Any], d: Directives) -> tuple[list[tuple[str, str]], 
     return [available[i % len(available)] for i in range(count)], False
 
 
-def _tool_tokens(calls: list[tuple[str, str]], interleave: bool, id_only: bool,
-                 rng: random.Random) -> list[sg.Tok]:
+def _tool_tokens(calls: list[tuple[str, str]], interleave: bool,
+                 id_only: bool) -> list[sg.Tok]:
     per_call: list[list[sg.Tok]] = []
     for index, (name, args) in enumerate(calls):
-        call_id = f"chatcmpl-tool-{rng.getrandbits(64):016x}"
+        call_id = f"chatcmpl-tool-{secrets.token_hex(8)}"
         head = sg.tool_head(index, call_id, name)
         toks: list[sg.Tok] = [(head, tokenizer.piece_id(name), b"", name)]
         toks += sg.text_tokens(sg.tool_args(index), args)
@@ -131,10 +134,15 @@ def _finish(toks: list[sg.Tok], reason: str, max_tokens: int, ignore_eos: bool,
     return Plan([*toks, sg.EOS_TOK], reason, empty)
 
 
-def chat_plan(body: dict[str, Any], d: Directives, rng: random.Random, out_len: int,
+def content_offset(seed: int, prompt_ids: list[int], body_seed: Any) -> int:
+    """Where in the fixed token run a prompt's answer starts: the same prompt (and seed)
+    always gets the same tokens, like greedy decoding on a real engine."""
+    return random.Random(orjson.dumps([seed, body_seed, prompt_ids])).randrange(1 << 20)
+
+
+def chat_plan(body: dict[str, Any], d: Directives, offset: int, out_len: int,
               max_tokens: int, ignore_eos: bool) -> Plan:
     """The plan of one chat completion choice."""
-    offset = rng.randrange(1 << 20)
     id_only = d.has("id_only_events")
     toks: list[sg.Tok] = []
     reason, empty = "stop", sg.EMPTY_CONTENT_DELTA
@@ -157,7 +165,7 @@ def chat_plan(body: dict[str, Any], d: Directives, rng: random.Random, out_len: 
         toks += sg.text_tokens(sg.FN_ARGS, args)
         reason, empty = "function_call", sg.EMPTY_DELTA
     elif calls:
-        toks += _tool_tokens(calls, d.has("interleaved_tools"), id_only, rng)
+        toks += _tool_tokens(calls, d.has("interleaved_tools"), id_only)
         reason, empty = ("stop" if named else "tool_calls"), sg.EMPTY_DELTA
     elif d.has("refusal"):
         toks += sg.text_tokens(sg.REFUSAL, REFUSAL_TEXT)
@@ -167,13 +175,11 @@ def chat_plan(body: dict[str, Any], d: Directives, rng: random.Random, out_len: 
     fault = d.fault
     if fault is not None and fault.name in PAYLOAD_FAULTS:
         at = min(fault.arg, len(toks))
-        toks.insert(at, payload_token(fault.name, rng))
+        toks.insert(at, payload_token(fault.name))
     return _finish(toks, reason, max_tokens, ignore_eos, offset, empty)
 
 
-def completion_plan(rng: random.Random, out_len: int, max_tokens: int,
-                    ignore_eos: bool) -> Plan:
+def completion_plan(offset: int, out_len: int, max_tokens: int, ignore_eos: bool) -> Plan:
     """The plan of one text-completion choice (plain text)."""
-    offset = rng.randrange(1 << 20)
     content = sg.plain(offset, max(0, min(out_len, max_tokens + 1) - 1))
     return _finish(content, "stop", max_tokens, ignore_eos, offset, sg.EMPTY_CONTENT_DELTA)

@@ -15,6 +15,7 @@ import orjson
 from narwhal._narwhal_fast import Slot, StreamSession
 from narwhal.admission.gate import Deadlines
 from narwhal.errors import Refusal
+from narwhal.fleet.breaker import ENGINE_FAULTS, judge
 from narwhal.fleet.engine import Engine
 from narwhal.scheduling.placement import Placement
 from narwhal.server.http import Responder
@@ -81,6 +82,9 @@ class Relay:
         self.done: asyncio.Future[None] = self.loop.create_future()
         self.outcome: tuple[str, str | None] | None = None
         self.retry_allowed = True
+        self.retry_pending = False  # the first event was invalid: retry once (see _fail_stream)
+        self.retry_failure: Refusal | None = None  # what to answer if no engine is left
+        self.judging: Engine | None = None  # engine whose attempt awaits its breaker verdict
         self.first_token_at: float | None = None
         self.last_token_at = 0.0
         self.dispatched_at = 0.0
@@ -92,11 +96,12 @@ class Relay:
         responder.on_disconnect = self._on_disconnect
         try:
             while True:
-                retry = await self._attempt()
+                retry = await self._attempt() or await self._first_event_failed()
                 if not retry:
                     break
                 if not self._switch_engine():
-                    raise Refusal("engine_error", "Engine failed before responding")
+                    raise self.retry_failure or Refusal(
+                        "engine_error", "Engine failed before responding")
             await self.done
         except Refusal as ref:
             self._refuse(ref)
@@ -110,6 +115,8 @@ class Relay:
     async def _attempt(self) -> bool:
         """One engine attempt. True: failed before headers and may be retried."""
         engine = self.engine
+        engine.breaker.begin()
+        self.judging = engine
         body, drop_usage = engine_request(self.parsed, engine)
         headers = self.router.forward_headers(self.ctx)
         timeout = self.deadlines.headers_by - self.loop.time()
@@ -151,6 +158,7 @@ class Relay:
 
     def _may_retry(self, why: str) -> bool:
         log.warning("attempt failed before headers: %s", why)
+        self._verdict(False)
         if self.retry_allowed and self.loop.time() < self.deadlines.headers_by:
             self.retry_allowed = False
             return True
@@ -245,7 +253,8 @@ class Relay:
             self.upstream.abort()
         responder = self.responder
         if not responder.started:
-            self._refuse(Refusal(code, message))
+            if not self._retry_first_event(code, message):
+                self._refuse(Refusal(code, message))
         else:
             responder.write(midstream_error_event(Refusal(code, message)))
             responder.end()
@@ -266,8 +275,42 @@ class Relay:
         if self.outcome is not None:
             return
         self.outcome = (cls, reason)
+        self._verdict(judge(cls, reason))
         if not self.done.done():
             self.done.set_result(None)
+
+    def _retry_first_event(self, code: str, message: str) -> bool:
+        """The engine failed before anything reached the client and before any token (an
+        invalid first event, a reset before the first event): retry once, like a failure
+        before headers. True when the retry is on (``run`` picks it up)."""
+        if code not in ENGINE_FAULTS or self.first_token_at is not None:
+            return False
+        if not self.retry_allowed or self.loop.time() >= self.deadlines.headers_by:
+            return False
+        log.warning("engine %s failed before its first event: %s", self.engine.name, message)
+        self._verdict(False)
+        self.retry_allowed = False
+        self.retry_pending = True
+        self.retry_failure = Refusal(code, message)
+        self.upstream = self.session = None
+        if not self.done.done():
+            self.done.set_result(None)
+        return True
+
+    async def _first_event_failed(self) -> bool:
+        """Wait for the attempt's stream; True when it must be retried on another engine."""
+        await self.done
+        if not self.retry_pending or self.outcome is not None:
+            return False
+        self.retry_pending = False
+        self.done = self.loop.create_future()
+        return True
+
+    def _verdict(self, ok: bool | None) -> None:
+        """Report the current attempt's outcome to its engine's circuit breaker, once."""
+        engine, self.judging = self.judging, None
+        if engine is not None:
+            engine.breaker.record(ok)
 
     def _on_disconnect(self) -> None:
         if self.upstream is not None:
