@@ -294,3 +294,20 @@ def test_back_pressure_merges_tokens_into_one_event() -> None:
     events = run_async(go())
     sizes = [len(c["token_ids"]) for c in choices(events)[1:]]
     assert sum(sizes) == 40 and max(sizes) > 1
+
+
+def test_same_prompt_same_tokens_across_engines_and_modes() -> None:
+    def ids(body: dict[str, Any], **settings: Any) -> list[int]:
+        _, out = call({"messages": MSG, "max_tokens": 12, "return_token_ids": True, **body},
+                      **settings)
+        result: list[int] = out["choices"][0]["token_ids"]
+        return result
+
+    base = ids({})
+    assert ids({}) == base  # a second engine (fresh harness) answers the same
+    streamed = all_ids(stream({"messages": MSG, "max_tokens": 12, "return_token_ids": True,
+                               "stream_interval": 5}))
+    assert streamed == base
+    assert ids({"seed": 3}) != base  # a sampling seed in the body picks another answer
+    assert ids({}, seed=1) != base  # so does another simulator seed
+    assert ids({"messages": [{"role": "user", "content": "other"}]}) != base
