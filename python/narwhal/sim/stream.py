@@ -176,15 +176,12 @@ class Response:
     def _act(self, name: str) -> bool:
         """Do what the fault says; return False when the response is over."""
         ex = self.exchange
-        if name == "malformed_json":
-            if self.stream:
-                ex.write_events([faults.MALFORMED_EVENT])
-            else:
+        if name in ("malformed_json", "bad_sse"):
+            if self.stream:  # one well-framed HTTP chunk whose SSE content is broken
+                ex.write_events([faults.MALFORMED_EVENT if name == "malformed_json"
+                                 else faults.BAD_SSE])
+            elif name == "malformed_json":
                 self.malformed = True
-            return True
-        if name == "bad_sse":
-            if self.stream:
-                ex.write_raw(b"%x\r\n%b\r\n" % (len(faults.BAD_SSE), faults.BAD_SSE))
             return True
         self._abort_choices()
         self._end(self._outcome())
