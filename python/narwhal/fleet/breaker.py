@@ -90,7 +90,7 @@ class Breaker:
 
     def begin(self) -> None:
         """An attempt is being dispatched to this engine (takes the half-open trial)."""
-        if self.state is BreakerState.HALF_OPEN and self.allows():
+        if self.state is not BreakerState.CLOSED and self.allows():
             self._trial_since = self._clock()
 
     # -- verdicts --------------------------------------------------------------------------
