@@ -1,0 +1,7 @@
+"""``python -m benches.harness``."""
+
+import sys
+
+from .run import main
+
+sys.exit(main())

@@ -1,0 +1,282 @@
+"""``python -m benches.harness``: measure every system against the same engines, write the report.
+
+For each system in turn: start it, then for each load run the engines directly and
+through the system back to back (a paired direct phase per system and load, so drift on a
+shared host hits both sides alike), then stop it. The saturation load switches the engines
+to no decode delay (``POST /sim/config``) so the token flow is bounded by CPU, not by them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from . import anchors, gates, loadgen, measure, report, systems
+from . import profile as pyspy
+from .measure import Phase
+
+REPO = Path(__file__).resolve().parents[2]
+SYSTEMS = ("narwhal", "narwhal-2w", "vllm-router", "sglang-router", "litellm")
+QUICK = dict(
+    streams="1,8", warmup=0.3, duration=0.5, ttft_ms=5, tpot_ms=1.0, systems="narwhal", saturation=0
+)
+
+
+def _args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benches.harness", description=__doc__)
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="CI smoke run: Narwhal and direct only, 1 and 8 streams, ~3 s",
+    )
+    p.add_argument(
+        "--systems", default=",".join(SYSTEMS), help=f"comma list among {', '.join(SYSTEMS)}"
+    )
+    p.add_argument("--streams", default="1,64,256", help="concurrent streams per load")
+    p.add_argument(
+        "--saturation", type=int, default=256, help="streams of the saturation load (0: skip it)"
+    )
+    p.add_argument("--warmup", type=float, default=2.0, help="seconds before each window")
+    p.add_argument("--duration", type=float, default=8.0, help="seconds of each window")
+    p.add_argument("--engines", type=int, default=2, help="simulated engine processes")
+    p.add_argument("--ttft-ms", type=int, default=20, help="engine time to first token")
+    p.add_argument("--tpot-ms", type=float, default=5.0, help="engine inter-token time")
+    p.add_argument("--tokens", type=int, default=64, help="tokens per answer")
+    p.add_argument(
+        "--venv",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "narwhal-anchors",
+        help="venv for the anchor routers (created and filled from PyPI if needed)",
+    )
+    p.add_argument(
+        "--narwhal-src",
+        type=Path,
+        help="run Narwhal and the simulator from this copy of python/ (e.g. a "
+        "snapshot of a commit) instead of the installed package",
+    )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="also profile Narwhal with py-spy (installed into --venv) under load",
+    )
+    p.add_argument("--out-md", type=Path, help="Markdown report (default: none)")
+    p.add_argument("--out-json", type=Path, help="JSON figures (default: none)")
+    args = p.parse_args(argv)
+    if args.quick:
+        defaults = p.parse_args([])
+        for key, value in QUICK.items():
+            if getattr(args, key) == getattr(defaults, key):
+                setattr(args, key, value)
+    return args
+
+
+def _log(text: str) -> None:
+    print(f"[harness {time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
+def _start(
+    name: str,
+    engine_urls: list[str],
+    logdir: Path,
+    args: argparse.Namespace,
+    ready: dict[str, str],
+    request_for: Callable[[loadgen.Target], bytes],
+) -> systems.System:
+    venv: Path = args.venv
+    if name == "narwhal":
+        return systems.start_narwhal(name, engine_urls, 1, logdir, args.narwhal_src)
+    if name == "narwhal-2w":
+        return systems.start_narwhal(name, engine_urls, 2, logdir, args.narwhal_src)
+    anchor = next(a for a in anchors.ANCHORS if a.name == name)
+    system = anchors.start(anchor, venv, engine_urls, logdir, request_for)
+    system.version = f"{name} {ready[name]}"
+    return system
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _args(argv)
+    names = [n.strip() for n in args.systems.split(",") if n.strip()]
+    unknown = sorted(set(names) - set(SYSTEMS))
+    if unknown:
+        print(f"unknown system(s): {', '.join(unknown)}", file=sys.stderr)
+        return 2
+    loads = [int(s) for s in args.streams.split(",") if s.strip()]
+    sim = systems.SimSettings(ttft_ms=args.ttft_ms, tpot_ms=args.tpot_ms, tokens=args.tokens)
+    logdir = Path(tempfile.mkdtemp(prefix="narwhal-bench-"))
+    command = "python -m benches.harness " + " ".join(
+        shlex.quote(a) for a in (argv or sys.argv[1:])
+    )
+    _log(f"logs in {logdir}")
+
+    status: dict[str, str] = {}
+    wanted_anchors = [n for n in names if not n.startswith("narwhal")]
+    if wanted_anchors or args.profile:
+        status.update(anchors.ensure_venv(args.venv, _log))
+    if args.profile and not (args.venv / "bin" / "py-spy").exists():
+        os.system(f"{shlex.quote(str(args.venv / 'bin' / 'python'))} -m pip install -q py-spy")
+
+    phases: list[Phase] = []
+    versions: dict[str, str] = {"direct": "no router"}
+    profiles: dict[str, pyspy.Profile] = {}
+    started = time.time()
+    engines = systems.start_engines(args.engines, sim, logdir, args.narwhal_src)
+    engine_urls = [e.url for e in engines]
+    engine_pids = [e.pid for e in engines]
+    request_for = measure.request_maker(sim)
+
+    try:
+        direct = systems.direct(engine_urls)
+        for name in names:
+            if name in status and not status[name][:1].isdigit():
+                _log(f"{name}: {status[name]}")
+                versions[name] = status[name]
+                continue
+            try:
+                system = _start(name, engine_urls, logdir, args, status, request_for)
+            except (RuntimeError, OSError) as exc:
+                _log(f"{name} not measured: {exc}")
+                versions[name] = f"not measured: {str(exc).splitlines()[0]}"
+                continue
+            versions[name] = system.version
+            try:
+                plan = [(str(n), n) for n in loads]
+                if args.saturation:
+                    plan.append(("saturation", args.saturation))
+                for label, streams in plan:
+                    if label == "saturation":
+                        systems.set_engine_timing(engine_urls, tpot_ms=0)
+                    try:
+                        for target in (direct, system):
+                            measure.settle()
+                            phase = measure.run(
+                                target,
+                                engine_pids,
+                                sim,
+                                load=label,
+                                streams=streams,
+                                warmup_s=args.warmup,
+                                duration_s=args.duration,
+                            )
+                            if target is direct:
+                                phase.paired_with = name
+                            phases.append(phase)
+                            _log(report.one_line(phase))
+                    finally:
+                        if label == "saturation":
+                            systems.set_engine_timing(engine_urls, tpot_ms=sim.tpot_ms)
+                if args.profile and name == "narwhal":
+                    profiles.update(_profile(system, engine_urls, engine_pids, sim, args, logdir))
+            finally:
+                system.stop()
+    finally:
+        for e in engines:
+            e.stop()
+
+    meta = report.Meta(
+        command=command,
+        started=started,
+        elapsed_s=time.time() - started,
+        sim=sim,
+        engines=args.engines,
+        warmup_s=args.warmup,
+        duration_s=args.duration,
+        quick=args.quick,
+        versions=versions,
+        loadavg=os.getloadavg(),
+        cores=os.cpu_count() or 0,
+    )
+    figures = report.figures(phases, names, meta)
+    if args.out_json:
+        args.out_json.write_text(json.dumps(figures, indent=2, sort_keys=False) + "\n")
+        _log(f"wrote {args.out_json}")
+    markdown = report.markdown(figures, profiles)
+    if args.out_md:
+        args.out_md.write_text(report.splice(args.out_md, markdown))
+        _log(f"wrote {args.out_md}")
+    else:
+        print(markdown)
+    failed = _gates(phases) if "narwhal" in names else []
+    errors = sum(p.errors for p in phases)
+    if errors:
+        _log(f"{errors} errors (see the table and {logdir})")
+    return 1 if errors or failed or not phases else 0
+
+
+def _gates(phases: list[Phase]) -> list[gates.Gate]:
+    """The regression gates on every load Narwhal ran (saturation excluded)."""
+    failed: list[gates.Gate] = []
+    for p in phases:
+        if p.system != "narwhal" or p.load == "saturation":
+            continue
+        d = next((x for x in phases if x.paired_with == "narwhal" and x.load == p.load), None)
+        if d is None:
+            continue
+        for gate in gates.check(d, p):
+            _log(str(gate))
+            if not gate.ok:
+                failed.append(gate)
+    return failed
+
+
+def _profile(
+    system: systems.System,
+    engine_urls: list[str],
+    engine_pids: list[int],
+    sim: systems.SimSettings,
+    args: argparse.Namespace,
+    logdir: Path,
+) -> dict[str, pyspy.Profile]:
+    """py-spy on the router during extra, unreported phases: the largest load and saturation."""
+    py_spy = args.venv / "bin" / "py-spy"
+    root = system.root_pid
+    assert root is not None
+    top_streams = max(int(s) for s in args.streams.split(","))
+    plan = [(f"{top_streams} streams", top_streams, False)]
+    if args.saturation:
+        plan.append(("saturation", args.saturation, True))
+    duration = max(3, int(args.duration))
+    out: dict[str, pyspy.Profile] = {}
+    for label, streams, saturate in plan:
+        result: list[pyspy.Profile] = []
+        path = logdir / f"pyspy-{label.replace(' ', '-')}.txt"
+        spy = threading.Thread(
+            target=lambda p=path, r=result: r.append(pyspy.record(py_spy, root, duration, p))
+        )
+
+        def start_spy(edge: str, spy: threading.Thread = spy) -> None:
+            if edge == "start":
+                spy.start()
+
+        if saturate:
+            systems.set_engine_timing(engine_urls, tpot_ms=0)
+        try:
+            measure.settle()
+            measure.run(
+                system,
+                engine_pids,
+                sim,
+                load=label,
+                streams=streams,
+                warmup_s=args.warmup,
+                duration_s=duration + 1,
+                hook=start_spy,
+            )
+            spy.join(timeout=duration + 90)
+        finally:
+            if saturate:
+                systems.set_engine_timing(engine_urls, tpot_ms=sim.tpot_ms)
+        out[label] = result[0] if result else pyspy.Profile(error="py-spy did not finish")
+        _log(f"profiled narwhal at {label}: {out[label].samples} samples {out[label].error}")
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())
