@@ -1,0 +1,120 @@
+"""Health probing end to end: eviction and restore of a real engine process, and monitoring
+degradation when probes hang (a proxy that accepts and never answers)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from fleet_support import (
+    Counters,
+    FaultProxy,
+    assert_refused,
+    complete,
+    engines,
+    ready,
+    sim_received,
+    start_sim_on,
+    wait_for,
+)
+from procs import free_port, metrics, router_config, start_router
+
+pytestmark = pytest.mark.timeout(90)
+
+INTERVAL = 0.2
+
+
+def _health(**extra: float) -> dict[str, float]:
+    return {"interval_s": INTERVAL, "timeout_s": 0.3, "failures_to_evict": 3,
+            "successes_to_restore": 2, "monitoring_stale_s": 5.0, **extra}
+
+
+def test_stopped_engine_is_evicted_then_restored(tmp_path: Path) -> None:
+    ports = [free_port(), free_port()]
+    sims = [start_sim_on(p) for p in ports]
+    router = start_router(tmp_path, router_config([s.url for s in sims], health=_health()))
+    try:
+        # Both engines were unknown at start and are healthy after their first good probe,
+        # which Narwhal waits for before it prints its ready line.
+        assert ready(router.url) == (200, {"ready": True})
+        assert {n: e["state"] for n, e in engines(router.url).items()} == {
+            "e0": "healthy", "e1": "healthy"}
+        counters = Counters(router.url)
+
+        sims[0].stop()
+        stopped = time.monotonic()
+        wait_for(lambda: engines(router.url)["e0"]["state"] == "unhealthy", timeout=10)
+        took = time.monotonic() - stopped
+        # Three failed probes, a probe every 0.2 s: not before the third one.
+        assert took >= (3 - 1) * INTERVAL * 0.8, took
+        assert metrics(router.url)['narwhal_engine_up{engine="e0"}'] == 0
+        # Traffic goes to the survivor only.
+        before = sim_received(sims[1])
+        for _ in range(4):
+            assert complete(router.url)[0] == 200
+        assert sim_received(sims[1]) == before + 4
+
+        # With no engine left: 503 backend_unavailable, /ready no_eligible_engines.
+        sims[1].stop()
+        wait_for(lambda: engines(router.url)["e1"]["state"] == "unhealthy", timeout=10)
+        assert ready(router.url) == (503, {"ready": False, "reason": "no_eligible_engines"})
+        assert_refused(complete(router.url), 503, "backend_unavailable")
+
+        # Restart e0 where the router expects it: back after two good probes.
+        sims[0] = start_sim_on(ports[0])
+        restarted = time.monotonic()
+        wait_for(lambda: engines(router.url)["e0"]["state"] == "healthy", timeout=10)
+        assert time.monotonic() - restarted >= (2 - 1) * INTERVAL * 0.8
+        assert ready(router.url) == (200, {"ready": True})
+        assert metrics(router.url)['narwhal_engine_up{engine="e0"}'] == 1
+        before = sim_received(sims[0])
+        assert complete(router.url)[0] == 200
+        assert sim_received(sims[0]) == before + 1
+
+        delta = counters.settled()
+        assert delta["narwhal_offered_total"] == 6
+        assert delta["narwhal_completed_total"] == 5
+        assert delta['narwhal_rejected_total{reason="backend_unavailable"}'] == 1
+    finally:
+        router.stop()
+        for s in sims:
+            s.stop()
+
+
+def test_hanging_probes_make_the_router_monitoring_degraded_until_they_answer(
+    tmp_path: Path,
+) -> None:
+    sim = start_sim_on(free_port())
+    proxy = FaultProxy(int(sim.url.rsplit(":", 1)[1]))
+    stale = 1.0
+    config = router_config([proxy.url], health=_health(monitoring_stale_s=stale))
+    router = start_router(tmp_path, config)
+    try:
+        assert ready(router.url) == (200, {"ready": True})
+        counters = Counters(router.url)
+
+        proxy.mode = "hang"  # the only engine: every probe times out, nothing is established
+        hung = time.monotonic()
+        wait_for(lambda: ready(router.url)[1].get("reason") == "monitoring_degraded",
+                 timeout=10, every=0.02)
+        took = time.monotonic() - hung
+        assert stale * 0.8 <= took <= stale + 3.0, took
+        assert ready(router.url) == (503, {"ready": False, "reason": "monitoring_degraded"})
+        refused = complete(router.url)
+        assert_refused(refused, 503, "monitoring_degraded")
+        assert refused[1]["content-type"] == "application/json"
+
+        proxy.mode = "pass"  # probes answer again: the state clears by itself
+        wait_for(lambda: ready(router.url)[0] == 200, timeout=10)
+        wait_for(lambda: engines(router.url)["e0"]["state"] == "healthy", timeout=10)
+        assert complete(router.url)[0] == 200
+
+        delta = counters.settled()
+        assert delta["narwhal_offered_total"] == 2
+        assert delta['narwhal_rejected_total{reason="monitoring_degraded"}'] == 1
+        assert delta["narwhal_completed_total"] == 1
+    finally:
+        router.stop()
+        proxy.close()
+        sim.stop()
