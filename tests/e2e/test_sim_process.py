@@ -62,6 +62,15 @@ def reset(sim: SimProcess) -> None:
     assert request(sim, "POST", "/sim/reset")[0] == 200
 
 
+def open_stream(sim: SimProcess, body: dict[str, Any], head: bytes = b"") -> socket.socket:
+    """Send a chat request on a raw socket (extra header lines in ``head``); return it."""
+    payload = json.dumps({"model": MODEL, "messages": MSG, "stream": True, **body}).encode()
+    sock = socket.create_connection(("127.0.0.1", sim.port), timeout=10)
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n%bcontent-length: %d"
+                 b"\r\n\r\n%b" % (head, len(payload), payload))
+    return sock
+
+
 def event_times(sim: SimProcess, body: dict[str, Any],
                 headers: dict[str, str] | None = None) -> list[tuple[float, bytes]]:
     """Stream a request with http.client; return (arrival time, event line) pairs."""
@@ -134,11 +143,7 @@ def test_openai_tool_calls_assemble(client: openai.OpenAI) -> None:
 
 def test_client_disconnect_counts_as_aborted(sim: SimProcess) -> None:
     reset(sim)
-    body = json.dumps({"model": MODEL, "messages": MSG, "max_tokens": 5000, "stream": True,
-                       "ignore_eos": True}).encode()
-    sock = socket.create_connection(("127.0.0.1", sim.port), timeout=10)
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: "
-                 b"application/json\r\ncontent-length: %d\r\n\r\n%b" % (len(body), body))
+    sock = open_stream(sim, {"max_tokens": 5000, "ignore_eos": True})
     got = b""
     for _ in range(1000):
         got += sock.recv(65536)
@@ -164,11 +169,8 @@ def test_http_500_fault_through_the_sdk(client: openai.OpenAI) -> None:
 
 def test_reset_mid_stream(sim: SimProcess) -> None:
     reset(sim)
-    body = json.dumps({"model": MODEL, "messages": MSG, "max_tokens": 50, "stream": True,
-                       "return_token_ids": True}).encode()
-    sock = socket.create_connection(("127.0.0.1", sim.port), timeout=10)
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-sim-fault: "
-                 b"reset_mid_stream:3\r\ncontent-length: %d\r\n\r\n%b" % (len(body), body))
+    sock = open_stream(sim, {"max_tokens": 50, "return_token_ids": True},
+                       b"x-sim-fault: reset_mid_stream:3\r\n")
     got, error = b"", None
     for _ in range(1000):
         try:
@@ -227,14 +229,7 @@ def test_metrics_report_running_requests(sim: SimProcess) -> None:
     reset(sim)
     assert request(sim, "POST", "/sim/config", {"tpot_ms": 20})[0] == 200
     try:
-        body = json.dumps({"model": MODEL, "messages": MSG, "max_tokens": 40,
-                           "stream": True}).encode()
-        socks = []
-        for _ in range(3):
-            s = socket.create_connection(("127.0.0.1", sim.port), timeout=10)
-            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: "
-                      b"%d\r\n\r\n%b" % (len(body), body))
-            socks.append(s)
+        socks = [open_stream(sim, {"max_tokens": 40}) for _ in range(3)]
 
         def running() -> bool:
             text = request(sim, "GET", "/metrics")[2].decode()
