@@ -99,7 +99,8 @@ class RedisLease:
     ``SERVE_FRACTION * ttl`` after sending its last successful renewal, so it stops before
     the lease can expire in Redis, whatever Redis or the network do. Not holding: ``standby``
     if it never held the lease since start, ``fenced`` if it lost it; either way it keeps
-    trying and takes over as soon as the lease expires.
+    trying (every ``ttl/10``, and exactly when the holder's lease expires) and takes over
+    as soon as the lease is free.
     """
 
     lease_managed = True
@@ -233,8 +234,9 @@ class RedisLease:
         pttl_ms = int(reply[2]) if len(reply) > 2 else -2
         if pttl_ms == -1:  # a key without expiry: not a lease we can ever take over
             return ttl / 3
-        # Try again the moment the holder's lease expires (or at once if it just did).
-        return max(0.005, min(ttl / 3, pttl_ms / 1000 + 0.005))
+        # Try again the moment the holder's lease expires, and every ttl/10 meanwhile, so a
+        # lease handed back (shutdown) is picked up within a tenth of the TTL.
+        return max(0.005, min(ttl / 10, pttl_ms / 1000 + 0.005))
 
     def _transition(self, loop: asyncio.AbstractEventLoop) -> None:
         serving = loop.time() < self.valid_until
