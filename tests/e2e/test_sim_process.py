@@ -7,6 +7,7 @@ import http.client
 import json
 import signal
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -250,3 +251,22 @@ def test_signals_stop_cleanly(sig: int) -> None:
         assert request(proc, "GET", "/health")[0] == 200
         assert proc.stop(sig) == 0
     assert proc.proc is not None and proc.proc.returncode == 0
+
+
+def test_exit_with_parent_leaves_no_orphan() -> None:
+    spawner = ("import subprocess, sys\n"
+               "p = subprocess.Popen([sys.executable, '-m', 'narwhal.sim', '--port', '0',"
+               " '--exit-with-parent'], stdout=subprocess.PIPE)\n"
+               "print(p.stdout.readline().decode().split()[-1], flush=True)\n")
+    out = subprocess.run([sys.executable, "-c", spawner], capture_output=True, timeout=30,
+                         check=True).stdout.decode().strip()
+    port = int(out.rsplit(":", 1)[1])
+
+    def gone() -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        except OSError:
+            return True
+        return False
+
+    assert wait_until(gone, timeout=10)

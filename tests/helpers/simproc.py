@@ -196,7 +196,7 @@ class SimProcess:
     """``python -m narwhal.sim`` on a free loopback port; a context manager that stops it."""
 
     def __init__(self, *args: str, start_timeout: float = 15.0) -> None:
-        self.args = ["--host", "127.0.0.1", "--port", "0", *args]
+        self.args = ["--host", "127.0.0.1", "--port", "0", "--exit-with-parent", *args]
         self.start_timeout = start_timeout
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""

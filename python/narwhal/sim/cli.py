@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
+import os
 import signal
 import sys
 
@@ -13,6 +15,7 @@ from narwhal.sim.server import Simulator
 from narwhal.sim.settings import DEFAULT_MODEL, ROLES, OutputLength, SimSettings
 
 DESCRIPTION = "Simulated vLLM engine: vLLM 0.32 wire format, batch timing model, faults."
+_PR_SET_PDEATHSIG = 1
 
 
 def _output_len(text: str) -> str:
@@ -47,6 +50,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of all pseudo-random choices")
     parser.add_argument("--keepalive-timeout-s", type=float, default=d.keepalive_timeout_s,
                         help="close idle keep-alive connections after this long (uvicorn: 5)")
+    parser.add_argument("--exit-with-parent", action="store_true",
+                        help="exit when the parent process dies (for test and demo harnesses)")
+
+
+def _exit_with_parent() -> None:
+    """Ask Linux to send SIGTERM when the parent dies, so a crashed harness leaks nothing."""
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):  # not Linux: the parent poll in _serve still works
+        pass
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        raise SystemExit(0)
 
 
 def settings_from(args: argparse.Namespace) -> SimSettings:
@@ -59,13 +76,23 @@ def settings_from(args: argparse.Namespace) -> SimSettings:
     )
 
 
-async def _serve(settings: SimSettings, host: str, port: int) -> None:
+async def _serve(settings: SimSettings, host: str, port: int, watch_parent: bool) -> None:
     sim = Simulator(settings)
     bound = await sim.start(host, port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if watch_parent:
+        parent = os.getppid()
+
+        def check() -> None:
+            if os.getppid() != parent:
+                stop.set()
+            else:
+                loop.call_later(1.0, check)
+
+        loop.call_later(1.0, check)
     shown = f"[{host}]" if ":" in host else host
     print(f"narwhal-sim listening on http://{shown}:{bound}", flush=True)
     try:
@@ -82,7 +109,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"narwhal sim: {exc}", file=sys.stderr)
         return 2
     try:
-        uvloop.run(_serve(settings, args.host, args.port))
+        if args.exit_with_parent:
+            _exit_with_parent()
+        uvloop.run(_serve(settings, args.host, args.port, args.exit_with_parent))
     except OSError as exc:
         print(f"narwhal sim: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 1
