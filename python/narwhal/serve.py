@@ -193,7 +193,7 @@ def start_demo_engines(
     for _ in range(count):
         proc = subprocess.Popen(
             [sys.executable, "-m", "narwhal.sim", "--host", "127.0.0.1", "--port", "0",
-             "--model", model],
+             "--model", model, "--exit-with-parent"],
             stdout=subprocess.PIPE,
             text=True,
         )

@@ -87,7 +87,8 @@ class Proc:
 
 def start_sim(*flags: str) -> Proc:
     return Proc(
-        [sys.executable, "-m", "narwhal.sim", "--host", "127.0.0.1", "--port", "0", *flags],
+        [sys.executable, "-m", "narwhal.sim", "--host", "127.0.0.1", "--port", "0",
+         "--exit-with-parent", *flags],
         ready="listening on",
     )
 
