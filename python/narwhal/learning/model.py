@@ -1,38 +1,255 @@
-"""The learned latency model of the fleet: what the relay reports, what admission asks."""
+"""The learned latency model of the fleet: what the relay reports, what admission and placement ask.
+
+Per engine: a prefill model (overhead + tokens / rate) from profiling, a TPOT model scored
+on every decode attempt, drift scores of both, and the engine's projected load (prefill
+work placed on it, decode occupancy). Per route: the output-length distribution. The
+supervisor (``supervisor.py``) profiles engines when they join and when drift says so.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import math
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
-from prometheus_client.metrics_core import Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from narwhal._narwhal_fast import Slot
 from narwhal.fleet.engine import Engine
+from narwhal.learning.drift import Drift
+from narwhal.learning.latency import DEFAULT_PREFILL, PrefillModel
+from narwhal.learning.occupancy import Demand, EngineLoad, PendingBook, Track
+from narwhal.learning.output_length import OutputLengths
+from narwhal.learning.supervisor import Supervisor
+from narwhal.learning.tpot import TpotModel, attempt_tpot
+
+if TYPE_CHECKING:
+    from narwhal.config import Config
+
+TTFT_DRIFT_FLOOR_S = 0.02
+"""Prefill predictions below this count as this much when scoring drift (jitter guard)."""
+TPOT_DRIFT_FLOOR_S = 0.002
+MIN_TPOT_TOKENS = 3
+"""A decode attempt is scored for TPOT when at least this many tokens followed its first read."""
+REPROFILE_MIN_INTERVAL_S = 3.0
+"""Drift re-profiles an engine at most this often."""
+
+
+class EngineLearned:
+    """Everything learned about one engine, and its projected load in this process."""
+
+    __slots__ = ("drift_tpot", "drift_ttft", "due", "engine", "error", "failures",
+                 "last_prefill", "load", "prefill", "profile_reason", "profiled_at",
+                 "profiled_mono", "profiles", "profiling", "retry_at", "tpot")
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.prefill: PrefillModel | None = None
+        self.tpot = TpotModel()
+        self.drift_ttft = Drift(TTFT_DRIFT_FLOOR_S)
+        self.drift_tpot = Drift(TPOT_DRIFT_FLOOR_S)
+        self.load = EngineLoad()
+        self.profiled_at: float | None = None  # Unix time of the last profile
+        self.profiled_mono = -math.inf
+        self.profile_reason: str | None = None  # join | drift_ttft | drift_tpot | restored
+        self.profiles = 0
+        self.failures = 0  # failed profiles since the last good one
+        self.error: str | None = None  # why the last profile failed
+        self.profiling = False
+        self.due: str | None = None  # why a re-profile is wanted
+        self.retry_at = 0.0  # monotonic time before which no profile is tried
+        self.last_prefill: tuple[float, float] | None = None  # (predicted, observed) seconds
+
+    def profiled(self) -> bool:
+        return self.prefill is not None
 
 
 class Learning:
-    """Receives measurements from the relay and answers projections (issue: learning)."""
+    """Receives measurements from the relay and answers projections."""
 
-    def __init__(self, engines: Sequence[Engine]):
+    def __init__(self, engines: Sequence[Engine], config: Config | None = None) -> None:
         self.engines = engines
+        self.config = config
+        self.predictive = config is not None and config.admission.mode == "predictive"
+        self.drift_threshold = config.admission.drift_threshold if config is not None else 0.5
+        self.learned = [EngineLearned(engine) for engine in engines]
+        self.output = OutputLengths()
+        self.pending = PendingBook()
+        self.on_profiled: Callable[[Engine], None] | None = None
+        self.supervisor = Supervisor(self, config)
 
-    def on_first_token(self, engine: Engine, prompt_tokens: int, prefill_s: float) -> None:
-        """First generated token of a request ``prefill_s`` after dispatch to ``engine``."""
+    # -- what placement and admission ask ---------------------------------------------------
+    def profiled(self, engine: Engine) -> bool:
+        return self.learned[engine.index].prefill is not None
 
-    def on_end(
-        self,
-        engine: Engine,
-        route: str,
-        max_tokens: int | None,
-        output_tokens: int,
-        decode_s: float,
-    ) -> None:
-        """A request ended having generated ``output_tokens`` over ``decode_s`` of decode."""
+    def prefill_model(self, engine: Engine) -> PrefillModel:
+        """The engine's learned prefill model; before its profile, the fleet's mean or a prior."""
+        own = self.learned[engine.index].prefill
+        if own is not None:
+            return own
+        known = [e.prefill for e in self.learned if e.prefill is not None]
+        if not known:
+            return DEFAULT_PREFILL
+        return PrefillModel(sum(m.overhead_s for m in known) / len(known),
+                            sum(m.tokens_per_s for m in known) / len(known))
 
-    def metric_families(self) -> list[Metric]:
-        """Learned-model metric families for /metrics (e.g. drift per engine)."""
-        return []
+    def prefill_wait(self, engine: Engine, now: float) -> float:
+        """Seconds until the prefill work already placed on ``engine`` is done."""
+        return self.learned[engine.index].load.prefill_wait(now)
 
+    def decode_load(self, engine: Engine, now: float) -> float:
+        """Expected output tokens still to come on ``engine`` (decode correction applied)."""
+        return self.learned[engine.index].load.decode_load(now, self._expected)
+
+    def decoding(self, engine: Engine) -> int:
+        return self.learned[engine.index].load.decoding()
+
+    def expected_output(self, demand: Demand, generated: int = 0) -> float:
+        """Expected output length of a request, given what it has generated so far."""
+        return self.output.expected(demand.route, demand.max_tokens, generated)
+
+    def _expected(self, track: Track) -> float:
+        return self.output.expected(track.demand.route, track.demand.max_tokens, track.tokens)
+
+    # -- hooks: placement and the relay -----------------------------------------------------
+    def place(self, engine: Engine, demand: Demand, slot: Slot | None) -> Track:
+        """``demand`` was placed on ``engine``: its prefill joins the engine's chain."""
+        now = time.monotonic()
+        load = self.learned[engine.index].load
+        cost = self.prefill_model(engine).seconds(demand.prompt_tokens)
+        track = Track(demand, engine.index, slot, now, cost, load.prefill_wait(now) + cost)
+        load.place(track)
+        self.pending.discard(demand)
+        return track
+
+    def on_first_token(self, track: Track, now_loop: float) -> None:
+        """The attempt's first generated token (``now_loop``: the relay's loop time)."""
+        if track.released or track.first_at is not None:
+            return
+        learned = self.learned[track.engine]
+        now = time.monotonic()
+        track.first_loop = now_loop
+        track.first_tokens = track.tokens
+        learned.load.first_token(track, now, self._expected(track))
+        if learned.prefill is None:
+            return
+        observed = now - track.placed_at
+        learned.last_prefill = (track.predicted_prefill_s, observed)
+        learned.drift_ttft.observe(observed, track.predicted_prefill_s)
+        self._check_drift(learned, learned.drift_ttft, "drift_ttft")
+
+    def release(self, track: Track) -> None:
+        """The attempt is over (however it ended): out of the engine's projected load."""
+        self.learned[track.engine].load.release(track, time.monotonic())
+
+    def on_end(self, track: Track, last_loop: float, completed: bool) -> None:
+        """The request ended; ``last_loop``: the relay's loop time of its last token read."""
+        self.release(track)
+        if track.first_at is None:
+            return
+        learned = self.learned[track.engine]
+        demand = track.demand
+        if completed:
+            self.output.observe(demand.route, demand.max_tokens, track.tokens)
+            self.supervisor.dirty = True
+        if track.tokens - track.first_tokens < MIN_TPOT_TOKENS:
+            return
+        tpot = attempt_tpot(track.first_loop, last_loop, track.tokens, track.first_tokens)
+        if tpot is None:
+            return
+        predicted = learned.tpot.predict(track.batch)
+        if predicted is not None and learned.prefill is not None:
+            learned.drift_tpot.observe(tpot, predicted)
+            self._check_drift(learned, learned.drift_tpot, "drift_tpot")
+        learned.tpot.observe(tpot, track.batch)
+        self.supervisor.dirty = True
+
+    def _check_drift(self, learned: EngineLearned, drift: Drift, kind: str) -> None:
+        if (learned.due is None and not learned.profiling
+                and drift.exceeds(self.drift_threshold)
+                and time.monotonic() - learned.profiled_mono >= REPROFILE_MIN_INTERVAL_S):
+            learned.due = kind
+            self.supervisor.wake()
+
+    def engine_changed(self, engine: Engine) -> None:
+        """The engine's health or drain state changed: it may need its first profile."""
+        self.supervisor.wake()
+
+    # -- lifecycle --------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Start profiling; in predictive mode, wait (bounded) for the first profiles."""
+        await self.supervisor.start(wait=self.predictive)
+
+    async def stop(self) -> None:
+        await self.supervisor.stop()
+
+    # -- reporting --------------------------------------------------------------------------
     def describe(self, engine: Engine) -> dict[str, Any] | None:
-        """The ``learned`` object of ``/engines``."""
+        """The ``learned`` object of ``/engines`` (SI units)."""
+        learned = self.learned[engine.index]
+        now = time.monotonic()
+        prefill = learned.prefill
+        last = learned.last_prefill
+        return {
+            "prefill_tokens_per_s": _round(prefill.tokens_per_s) if prefill else None,
+            "prefill_overhead_s": _round(prefill.overhead_s) if prefill else None,
+            "tpot_s": _round(learned.tpot.base_s),
+            "tpot_growth_s": _round(learned.tpot.growth_s),
+            "drift_ttft": round(learned.drift_ttft.value, 4),
+            "drift_tpot": round(learned.drift_tpot.value, 4),
+            "output_length": self.output.describe(),
+            "profiled_at": learned.profiled_at,
+            "profile": {
+                "count": learned.profiles,
+                "reason": learned.profile_reason,
+                "running": learned.profiling,
+                "due": learned.due,
+                "failures": learned.failures,
+                "error": learned.error,
+            },
+            "projected": {
+                "prefill_wait_s": _round(learned.load.prefill_wait(now)),
+                "prefill_inflight": learned.load.prefill_inflight(),
+                "decoding": learned.load.decoding(),
+                "decode_tokens": round(learned.load.decode_load(now, self._expected), 1),
+            },
+            "last_prefill": None if last is None else {
+                "predicted_s": _round(last[0]), "observed_s": _round(last[1])},
+        }
+
+    def metric_families(self) -> Iterator[Metric]:
+        """Learned gauges for ``/metrics`` (``BoardCollector``'s ``extra``)."""
+        drift = GaugeMetricFamily(
+            "narwhal_engine_drift",
+            "Relative error of the engine's observed TTFT (prefill part) or TPOT against "
+            "its learned model, as an EWMA (0 = perfect).", labels=["engine", "kind"])
+        rate = GaugeMetricFamily("narwhal_engine_learned_prefill_tokens_per_second",
+                                 "Learned prefill rate.", labels=["engine"])
+        overhead = GaugeMetricFamily("narwhal_engine_learned_prefill_overhead_seconds",
+                                     "Learned fixed prefill overhead.", labels=["engine"])
+        tpot = GaugeMetricFamily("narwhal_engine_learned_tpot_seconds",
+                                 "Learned time per output token of a lone request.",
+                                 labels=["engine"])
+        profiles = CounterMetricFamily("narwhal_engine_profiles",
+                                       "Finished profiles of the engine, by outcome.",
+                                       labels=["engine", "outcome"])
+        for learned in self.learned:
+            name = learned.engine.name
+            drift.add_metric([name, "ttft"], learned.drift_ttft.value)
+            drift.add_metric([name, "tpot"], learned.drift_tpot.value)
+            if learned.prefill is not None:
+                rate.add_metric([name], learned.prefill.tokens_per_s)
+                overhead.add_metric([name], learned.prefill.overhead_s)
+            if learned.tpot.base_s is not None:
+                tpot.add_metric([name], learned.tpot.base_s)
+            profiles.add_metric([name, "ok"], self.supervisor.outcomes[learned.engine.index][0])
+            profiles.add_metric([name, "failed"],
+                                self.supervisor.outcomes[learned.engine.index][1])
+        yield from (drift, rate, overhead, tpot, profiles)
+
+
+def _round(value: float | None) -> float | None:
+    if value is None:
         return None
+    return float(f"{value:.6g}")

@@ -2,54 +2,101 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from narwhal._narwhal_fast import Board, Slot
+from narwhal.admission.validate import Parsed
 from narwhal.fleet.engine import Engine
+from narwhal.learning import Learning
+from narwhal.learning.occupancy import Demand, Track
+from narwhal.scheduling.policies import Candidate, Policy, make_policy, prefix_key
+
+DEFAULT_POLICY = "lowest_ttft"
+DEFAULT_PREFIX_CHARS = 256
 
 
 @dataclass(slots=True)
 class Placement:
     engine: Engine
     prefill: Slot
+    track: Track  # the learned model's record of this attempt (projected load, timing)
 
 
 class Scheduler:
-    """Least-loaded placement over placement-eligible engines.
+    """Places requests on placement-eligible engines by a named policy.
 
     Eligible: healthy, not draining, not in maintenance, a role that can run the whole
-    request. Among those with a free prefill slot (and decode capacity to come), the engine
-    with the least prefill work in flight wins, then the least decode load; ties rotate.
-    Slot limits are enforced by the shared board, so they hold across worker processes.
+    request, and, in predictive admission, profiled (the model can project its TTFT).
+    Among those with a free prefill slot (and decode capacity to come) the policy orders
+    the candidates (default ``lowest_ttft``); ties rotate. Slot limits are enforced by the
+    shared board, so they hold across worker processes.
     """
 
-    def __init__(self, engines: Sequence[Engine], board: Board):
+    def __init__(
+        self,
+        engines: Sequence[Engine],
+        board: Board,
+        learning: Learning | None = None,
+        *,
+        policy: str = DEFAULT_POLICY,
+        predictive: bool = False,
+        prefix_chars: int = DEFAULT_PREFIX_CHARS,
+    ):
         self.engines = engines
         self.board = board
+        self.learning = learning if learning is not None else Learning(engines)
+        self.policy: Policy = make_policy(policy)
+        self.predictive = predictive
+        self.prefix_chars = prefix_chars
         self._turn = 0
         # Per-worker view of in-flight work, for ranking only (limits live in the board).
         self.prefill_local = [0] * len(engines)
         self.decode_local = [0] * len(engines)
 
     def eligible(self) -> list[Engine]:
-        return [e for e in self.engines if e.serves() and e.config.role == "mixed"]
+        learning, predictive = self.learning, self.predictive
+        return [e for e in self.engines if e.serves() and e.config.role == "mixed"
+                and (not predictive or learning.profiled(e))]
 
-    def try_place(self, exclude: Engine | None = None) -> Placement | None:
-        candidates = [e for e in self.eligible() if e is not exclude]
-        if not candidates:
+    def demand(self, parsed: Parsed, prompt_tokens: int) -> Demand:
+        """What ``parsed`` asks of the fleet (held pending while it waits for placement)."""
+        prefix = prefix_key(parsed, self.prefix_chars) if self.policy.needs_prefix else None
+        demand = Demand(prompt_tokens, parsed.route, parsed.max_tokens, prefix,
+                        self.learning.pending)
+        demand.expected_output = self.learning.expected_output(demand)
+        return demand
+
+    def candidate(self, engine: Engine, demand: Demand, now: float) -> Candidate:
+        learning = self.learning
+        ttft = (learning.prefill_wait(engine, now)
+                + learning.prefill_model(engine).seconds(demand.prompt_tokens))
+        return Candidate(engine, ttft, learning.decode_load(engine, now) / engine.config.weight,
+                         self.prefill_local[engine.index], self.decode_local[engine.index])
+
+    def try_place(self, exclude: Engine | None = None,
+                  demand: Demand | None = None) -> Placement | None:
+        """Place ``demand`` (default: the oldest request waiting in the admission queue)."""
+        engines = [e for e in self.eligible() if e is not exclude
+                   and self.prefill_local[e.index] + self.decode_local[e.index]
+                   < e.config.max_decode]  # a decode slot to come on this engine
+        if not engines:
             return None
-        self._turn = (self._turn + 1) % len(candidates)
-        rotated = candidates[self._turn :] + candidates[: self._turn]
-        rotated.sort(key=lambda e: (self.prefill_local[e.index], self.decode_local[e.index]))
-        for engine in rotated:
-            cfg = engine.config
-            if self.prefill_local[engine.index] + self.decode_local[engine.index] >= cfg.max_decode:
-                continue  # no decode slot to come on this engine
-            slot = self.board.acquire_slot(engine.index, "prefill", cfg.max_prefill)
+        if demand is None:
+            demand = self.learning.pending.head() or Demand(0)
+        self._turn = (self._turn + 1) % len(engines)
+        rotated = engines[self._turn :] + engines[: self._turn]
+        now = time.monotonic()
+        candidates = [self.candidate(e, demand, now) for e in rotated]
+        for choice in self.policy.order(candidates, demand):
+            engine = choice.engine
+            slot = self.board.acquire_slot(engine.index, "prefill", engine.config.max_prefill)
             if slot is not None:
                 self.prefill_local[engine.index] += 1
-                return Placement(engine, slot)
+                track = self.learning.place(engine, demand, slot)
+                self.policy.placed(engine, demand)
+                return Placement(engine, slot, track)
         return None
 
     def enter_decode(self, engine: Engine) -> Slot | None:

@@ -1,0 +1,105 @@
+"""Predictive admission: refuse a request whose projected TTFT exceeds the budget (SPEC §4).
+
+Projected TTFT on an engine = the expected admission wait + this prompt's prefill there.
+The expected wait counts the prefill work already placed on the engine (in flight and
+queued on it, from the learned model) and the requests waiting in the router's admission
+queue ahead of this one, spread over the engines as they free up. The projection is the
+best engine's. A prompt that alone (on the fastest idle engine) exceeds the budget gets
+the non-retryable 429 ``prompt_exceeds_ttft_budget``; otherwise a projection over budget
+gets 429 ``ttft_budget_exceeded`` with Retry-After = the overrun, rounded half up, >= 1 s.
+``open`` mode never refuses here.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from narwhal.admission.table import retry_after_for_overrun
+from narwhal.admission.validate import Parsed
+from narwhal.config import Admission
+from narwhal.errors import Refusal
+from narwhal.fleet.engine import Engine
+from narwhal.learning import Learning
+from narwhal.learning.occupancy import Demand, water_level
+from narwhal.scheduling.placement import Scheduler
+
+
+@dataclass(frozen=True, slots=True)
+class Projection:
+    """The best engine's projection for one request."""
+
+    engine: Engine
+    wait_s: float  # expected admission wait: placed and queued prefill work ahead
+    prefill_s: float  # this prompt's prefill on that engine
+    alone_s: float  # this prompt's prefill on the fastest eligible engine, idle
+
+    @property
+    def ttft_s(self) -> float:
+        return self.wait_s + self.prefill_s
+
+
+class PredictiveAdmission:
+    """Projects each request's TTFT and refuses over ``admission.ttft_budget_s``."""
+
+    def __init__(self, config: Admission, learning: Learning, scheduler: Scheduler) -> None:
+        self.predictive = config.mode == "predictive"
+        self.budget_s = config.ttft_budget_s
+        self.learning = learning
+        self.scheduler = scheduler
+
+    def admit(self, parsed: Parsed, prompt_tokens: int) -> Demand:
+        """The request's demand; raises Refusal when predictive admission refuses it."""
+        demand = self.scheduler.demand(parsed, prompt_tokens)
+        if self.predictive:
+            self.check(demand)
+        return demand
+
+    def check(self, demand: Demand) -> None:
+        projection = self.project(demand)
+        if projection is None:
+            return  # nothing eligible: placement answers backend_unavailable
+        budget = self.budget_s
+        if projection.alone_s > budget:
+            raise Refusal(
+                "prompt_exceeds_ttft_budget",
+                f"The prompt alone ({demand.prompt_tokens} tokens) needs about "
+                f"{projection.alone_s:.2f} s of prefill, over the time-to-first-token budget "
+                f"of {budget:g} s, so retrying cannot help: shorten the prompt or raise the "
+                f"target (admission.ttft_budget_s).",
+            )
+        total = projection.ttft_s
+        if total > budget:
+            retry_after = retry_after_for_overrun(total - budget)
+            raise Refusal(
+                "ttft_budget_exceeded",
+                f"The projected time to first token ({total:.2f} s) exceeds the budget of "
+                f"{budget:g} s; retry after {retry_after} s.",
+                retry_after=retry_after,
+            )
+
+    def project(self, demand: Demand, now: float | None = None) -> Projection | None:
+        """The lowest projected TTFT over eligible engines, or None when none is eligible."""
+        engines = self.scheduler.eligible()
+        if not engines:
+            return None
+        learning = self.learning
+        now = time.monotonic() if now is None else now
+        pending = learning.pending
+        queued = pending.count
+        mean_queued = pending.tokens / queued if queued > 0 else 0.0
+        waits = []
+        for engine in engines:
+            model = learning.prefill_model(engine)
+            per_request = model.overhead_s + mean_queued / model.tokens_per_s
+            waits.append((learning.prefill_wait(engine, now),
+                          1.0 / per_request if per_request > 0 else 0.0))
+        level = water_level(waits, queued)
+        best: Projection | None = None
+        alone = min(learning.prefill_model(e).seconds(demand.prompt_tokens) for e in engines)
+        for engine, (wait, _) in zip(engines, waits, strict=True):
+            own = learning.prefill_model(engine).seconds(demand.prompt_tokens)
+            candidate = Projection(engine, max(wait, level), own, alone)
+            if best is None or candidate.ttft_s < best.ttft_s:
+                best = candidate
+        return best

@@ -1,0 +1,225 @@
+"""When to profile: engines that join, drift or failed a profile; saving what was learned.
+
+One background task wakes on demand (an engine changed, drift crossed the threshold) or
+every second, starts at most a few profiles at once, backs off after failures (1 s, 2 s,
+4 s, ... 30 s) and writes the learned state to the state file when it changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from narwhal.fleet.engine import Health
+from narwhal.learning.latency import PrefillModel
+from narwhal.learning.persistence import read_section, write_section
+from narwhal.learning.profiler import Profile, ProfileError, Profiler
+
+if TYPE_CHECKING:
+    from narwhal.config import Config
+    from narwhal.learning.model import EngineLearned, Learning
+
+log = logging.getLogger("narwhal.learning")
+
+TICK_S = 1.0
+START_WAIT_S = 15.0
+"""In predictive mode, how long start-up waits for the first profiles of healthy engines."""
+MAX_CONCURRENT_PROFILES = 4
+BACKOFF_S = (1.0, 30.0)
+SAVE_INTERVAL_S = 30.0
+STATE_KEY = "learned"
+STATE_VERSION = 1
+
+
+class Supervisor:
+    """Runs profiles for a :class:`Learning` and keeps its state file."""
+
+    def __init__(self, learning: Learning, config: Config | None) -> None:
+        self.learning = learning
+        self.profiler = Profiler(config.model if config is not None else "")
+        self.state_file = config.state_file if config is not None else None
+        self.outcomes = [[0, 0] for _ in learning.engines]  # [ok, failed] per engine
+        self.dirty = False
+        self._saved_at = time.monotonic()
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._running: set[asyncio.Task[None]] = set()
+        self._slots: asyncio.Semaphore | None = None
+        if self.state_file:
+            self.restore(read_section(self.state_file, STATE_KEY))
+
+    def wake(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    async def start(self, *, wait: bool) -> None:
+        self._wake = asyncio.Event()
+        self._slots = asyncio.Semaphore(MAX_CONCURRENT_PROFILES)
+        self._task = asyncio.get_running_loop().create_task(self._run())
+        if wait:
+            await self._first_profiles(START_WAIT_S)
+
+    async def _first_profiles(self, timeout_s: float) -> None:
+        """Until every healthy engine has a model or has failed a profile (bounded)."""
+        self._kick()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not any(e.engine.health is Health.HEALTHY and e.prefill is None
+                       and e.failures == 0 for e in self.learning.learned):
+                return
+            await asyncio.sleep(0.02)
+
+    async def stop(self) -> None:
+        tasks = [t for t in (self._task, *self._running) if t is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._task = None
+        if self.dirty:
+            self.save()
+
+    async def _run(self) -> None:
+        wake = self._wake
+        assert wake is not None
+        while True:
+            self._kick()
+            if self.dirty and time.monotonic() - self._saved_at >= SAVE_INTERVAL_S:
+                await self._save_soon()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), TICK_S)
+            wake.clear()
+
+    def _kick(self) -> None:
+        now = time.monotonic()
+        loop = asyncio.get_running_loop()
+        for learned in self.learning.learned:
+            if self._wants(learned, now):
+                learned.profiling = True
+                task = loop.create_task(self._profile(learned))
+                self._running.add(task)
+                task.add_done_callback(self._running.discard)
+
+    @staticmethod
+    def _wants(learned: EngineLearned, now: float) -> bool:
+        engine = learned.engine
+        return (engine.health is Health.HEALTHY and not engine.maintenance
+                and not learned.profiling and now >= learned.retry_at
+                and (learned.prefill is None or learned.due is not None))
+
+    async def _profile(self, learned: EngineLearned) -> None:
+        engine = learned.engine
+        reason = learned.due or "join"
+        slots = self._slots
+        assert slots is not None
+        try:
+            async with slots:
+                profile = await self.profiler.profile(engine, learned.load, learned.prefill)
+        except ProfileError as exc:
+            self._failed(learned, f"{exc.code}: {exc.message}")
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a profile must never kill the supervisor
+            log.exception("profiling %s failed", engine.name)
+            self._failed(learned, f"internal_error: {exc}")
+        else:
+            self._apply(learned, profile, reason)
+            await self._save_soon()
+            if self.learning.on_profiled is not None:
+                self.learning.on_profiled(engine)
+        finally:
+            learned.profiling = False
+            self.wake()
+
+    def _failed(self, learned: EngineLearned, error: str) -> None:
+        learned.failures += 1
+        learned.error = error
+        low, high = BACKOFF_S
+        learned.retry_at = time.monotonic() + min(high, low * 2 ** (learned.failures - 1))
+        self.outcomes[learned.engine.index][1] += 1
+        log.warning("profiling engine %s failed (%s); retrying in %.0f s", learned.engine.name,
+                    error, learned.retry_at - time.monotonic())
+
+    def _apply(self, learned: EngineLearned, profile: Profile, reason: str) -> None:
+        learned.prefill = profile.prefill
+        if profile.tpot_s is not None:
+            learned.tpot.reset(profile.tpot_s, profile.batch)
+        learned.drift_ttft.reset()
+        learned.drift_tpot.reset()
+        learned.profiled_at = time.time()
+        learned.profiled_mono = time.monotonic()
+        learned.profile_reason = reason
+        learned.profiles += 1
+        learned.failures = 0
+        learned.error = None
+        learned.due = None
+        self.outcomes[learned.engine.index][0] += 1
+        self.dirty = True
+        tpot = learned.tpot.base_s
+        log.info("engine %s profiled (%s): prefill %.0f tokens/s + %.1f ms, tpot %s",
+                 learned.engine.name, reason, profile.prefill.tokens_per_s,
+                 profile.prefill.overhead_s * 1e3,
+                 "unknown" if tpot is None else f"{tpot * 1e3:.2f} ms")
+
+    # -- the state file ---------------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        engines: dict[str, Any] = {}
+        for learned in self.learning.learned:
+            if learned.prefill is None:
+                continue
+            engines[learned.engine.name] = {
+                "url": learned.engine.config.url,
+                **learned.prefill.as_json(),
+                "tpot_s": learned.tpot.base_s,
+                "tpot_growth_s": learned.tpot.growth_s,
+                "profiled_at": learned.profiled_at,
+            }
+        return {"version": STATE_VERSION, "saved_at": time.time(), "engines": engines,
+                "output_length": self.learning.output.as_json()}
+
+    def restore(self, data: object) -> None:
+        """Take back what a previous run saved, for engines with the same name and URL."""
+        if not isinstance(data, dict) or data.get("version") != STATE_VERSION:
+            return
+        engines = data.get("engines")
+        if isinstance(engines, dict):
+            for learned in self.learning.learned:
+                stored = engines.get(learned.engine.name)
+                if not isinstance(stored, dict) or stored.get("url") != learned.engine.config.url:
+                    continue
+                prefill = PrefillModel.from_json(stored)
+                if prefill is None:
+                    continue
+                learned.prefill = prefill
+                tpot, growth = stored.get("tpot_s"), stored.get("tpot_growth_s")
+                if isinstance(growth, (int, float)) and growth >= 0:
+                    learned.tpot.growth_s = float(growth)
+                if isinstance(tpot, (int, float)) and tpot > 0:
+                    learned.tpot.reset(float(tpot))
+                at = stored.get("profiled_at")
+                learned.profiled_at = float(at) if isinstance(at, (int, float)) else None
+                learned.profile_reason = "restored"
+        self.learning.output.load(data.get("output_length"))
+
+    def save(self) -> bool:
+        """Write the learned state now (blocking); True when written or nothing to do."""
+        if not self.state_file:
+            return True
+        self.dirty = False
+        self._saved_at = time.monotonic()
+        return write_section(self.state_file, STATE_KEY, self.snapshot())
+
+    async def _save_soon(self) -> None:
+        if not self.state_file:
+            self.dirty = False
+            return
+        snapshot = self.snapshot()
+        self.dirty = False
+        self._saved_at = time.monotonic()
+        path = self.state_file
+        await asyncio.get_running_loop().run_in_executor(
+            None, write_section, path, STATE_KEY, snapshot)

@@ -1,0 +1,131 @@
+"""Predictive admission's arithmetic: projected TTFT, the two refusals, Retry-After."""
+
+from __future__ import annotations
+
+import pytest
+
+from narwhal._narwhal_fast import Board
+from narwhal.admission.predictive import PredictiveAdmission
+from narwhal.admission.validate import parse_request
+from narwhal.config import Admission, EngineConfig
+from narwhal.errors import Refusal
+from narwhal.fleet.engine import Engine, Health
+from narwhal.learning import Learning
+from narwhal.learning.latency import PrefillModel
+from narwhal.learning.occupancy import Demand
+from narwhal.scheduling.placement import Scheduler
+from narwhal.server.responses import refusal_response
+from narwhal.upstream.client import EngineClient
+
+RATE, OVERHEAD = 1000.0, 0.01  # 1000 tokens of prompt: 1.01 s of prefill
+
+
+def admission(n: int = 1, *, mode: str = "predictive", budget: float = 2.0,
+              ) -> PredictiveAdmission:
+    engines = []
+    for i in range(n):
+        cfg = EngineConfig(name=f"e{i}", url=f"http://127.0.0.1:{9100 + i}")
+        engine = Engine(i, cfg, EngineClient(cfg.url))
+        engine.health = Health.HEALTHY
+        engines.append(engine)
+    learning = Learning(engines)
+    for learned in learning.learned:
+        learned.prefill = PrefillModel(OVERHEAD, RATE)
+    sched = Scheduler(engines, Board(engines=n), learning, predictive=mode == "predictive")
+    config = Admission(mode=mode, ttft_budget_s=budget)  # type: ignore[arg-type]
+    return PredictiveAdmission(config, learning, sched)
+
+
+def parsed(tokens: int) -> object:
+    body = b'{"model": "m", "prompt": [%s], "max_tokens": 4}' % b",".join([b"7"] * tokens)
+    return parse_request("completion", body, model="m")
+
+
+def refusal(adm: PredictiveAdmission, tokens: int) -> Refusal | None:
+    try:
+        adm.admit(parsed(tokens), tokens)  # type: ignore[arg-type]
+    except Refusal as ref:
+        return ref
+    return None
+
+
+def test_idle_fleet_projects_the_prompt_alone() -> None:
+    adm = admission()
+    projection = adm.project(Demand(500))
+    assert projection is not None
+    assert projection.wait_s == 0.0
+    assert projection.ttft_s == pytest.approx(0.51)
+    assert refusal(adm, 500) is None
+
+
+def test_prompt_alone_over_budget_is_not_retryable() -> None:
+    adm = admission()
+    ref = refusal(adm, 2500)  # 2.51 s alone > 2.0 s
+    assert ref is not None and ref.code == "prompt_exceeds_ttft_budget"
+    assert ref.retry_after is None and ref.row.counter == "refused"
+    assert "shorten the prompt or raise the target" in ref.message
+    status, headers, _ = refusal_response(ref)
+    assert status == 429 and not any(k.lower() == b"retry-after" for k, _ in headers)
+
+
+@pytest.mark.parametrize(("placed", "tokens", "retry_after"), [
+    (1900, 1900, 2),   # 1.91 + 1.91 = 3.82 s: over by 1.82 s
+    (1500, 1000, 1),   # 1.51 + 1.01 = 2.52 s: over by 0.52 s (half up, and at least 1)
+    (1000, 200, 1),    # 1.01 + 0.21 = 1.22 s: over by... nothing: no refusal (None below)
+    (3000, 1000, 2),   # 3.01 + 1.01 = 4.02 s: over by 2.02 s
+    (3500, 1000, 3),   # 3.51 + 1.01 = 4.52 s: over by 2.52 s, rounded half up
+])
+def test_total_over_budget_carries_the_overrun(placed: int, tokens: int,
+                                               retry_after: int) -> None:
+    adm = admission()
+    adm.scheduler.try_place(demand=Demand(placed))
+    ref = refusal(adm, tokens)
+    if placed + tokens < 1800:
+        assert ref is None
+        return
+    assert ref is not None and ref.code == "ttft_budget_exceeded" and ref.row.counter == "refused"
+    assert ref.retry_after == retry_after
+    status, headers, _ = refusal_response(ref)
+    assert status == 429
+    assert (b"Retry-After", str(retry_after).encode()) in headers
+
+
+def test_queued_requests_ahead_count_in_the_wait() -> None:
+    adm = admission(2)
+    learning = adm.learning
+    # both engines busy for 1.01 s, and four more 1000-token requests waiting in the queue
+    for _ in range(2):
+        adm.scheduler.try_place(demand=Demand(1000))
+    waiting = [Demand(1000, book=learning.pending) for _ in range(4)]
+    for demand in waiting:
+        demand.__enter__()
+    projection = adm.project(Demand(100))
+    assert projection is not None
+    # the queue drains two at a time: 1.01 s placed + 2 x 1.01 s queued
+    assert projection.wait_s == pytest.approx(3 * 1.01, rel=1e-3)
+    for demand in waiting:
+        demand.__exit__()
+    assert adm.project(Demand(100)).wait_s == pytest.approx(1.01, rel=1e-3)  # type: ignore[union-attr]
+
+
+def test_best_engine_is_projected() -> None:
+    adm = admission(2)
+    adm.scheduler.try_place(demand=Demand(1900))
+    projection = adm.project(Demand(1900))
+    assert projection is not None and projection.wait_s == 0.0  # the idle engine
+    assert refusal(adm, 1900) is None
+
+
+def test_open_mode_never_refuses_predictively() -> None:
+    adm = admission(mode="open")
+    for _ in range(5):
+        adm.scheduler.try_place(demand=Demand(1900))
+    assert refusal(adm, 1900) is None
+    assert refusal(adm, 50_000) is None
+
+
+def test_no_eligible_engine_leaves_the_answer_to_placement() -> None:
+    adm = admission()
+    adm.learning.learned[0].prefill = None  # not profiled yet
+    assert adm.project(Demand(100)) is None
+    assert refusal(adm, 100_000) is None
