@@ -15,11 +15,23 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from procs import MODEL, Proc, free_port, metrics
+from procs import MODEL, Proc, free_port, metrics, router_config
+
+from narwhal.config import sections as _sections
 
 TOKEN = "fleet-test-token"
 ADMIN_ENV = {"NARWHAL_FLEET_TEST_TOKEN": TOKEN}
 ADMIN_SECTION = {"token_env": "NARWHAL_FLEET_TEST_TOKEN"}
+
+
+def fleet_config(engine_urls: list[str], **sections: Any) -> dict[str, Any]:
+    """``router_config`` with open admission and, where this build has the key, least-loaded
+    placement: ties rotate, so a few requests reach every eligible engine whatever the
+    learned model thinks of it (these tests steer traffic by health, drain and faults)."""
+    sections.setdefault("admission", {"mode": "open"})
+    if hasattr(_sections, "Scheduling"):
+        sections.setdefault("scheduling", {"policy": "least_loaded"})
+    return router_config(engine_urls, **sections)
 
 
 # -- HTTP ------------------------------------------------------------------------------------

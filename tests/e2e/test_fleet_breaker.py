@@ -16,11 +16,12 @@ from fleet_support import (
     complete,
     engines,
     envelope,
+    fleet_config,
     sim_received,
     start_sim_on,
     wait_for,
 )
-from procs import Proc, free_port, router_config, start_router
+from procs import Proc, free_port, start_router
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -37,7 +38,7 @@ class Fleet:
         health = {"interval_s": INTERVAL, "timeout_s": 0.5, "failures_to_evict": EVICT,
                   "successes_to_restore": 2, "monitoring_stale_s": 10.0}
         self.router: Proc = start_router(
-            tmp, router_config([self.proxy.url, self.sims[1].url], health=health))
+            tmp, fleet_config([self.proxy.url, self.sims[1].url], health=health))
         self.url = self.router.url
 
     def received(self) -> tuple[int, int]:

@@ -13,12 +13,13 @@ from fleet_support import (
     assert_refused,
     complete,
     engines,
+    fleet_config,
     ready,
     sim_received,
     start_sim_on,
     wait_for,
 )
-from procs import free_port, metrics, router_config, start_router
+from procs import free_port, metrics, start_router
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -33,7 +34,7 @@ def _health(**extra: float) -> dict[str, float]:
 def test_stopped_engine_is_evicted_then_restored(tmp_path: Path) -> None:
     ports = [free_port(), free_port()]
     sims = [start_sim_on(p) for p in ports]
-    router = start_router(tmp_path, router_config([s.url for s in sims], health=_health()))
+    router = start_router(tmp_path, fleet_config([s.url for s in sims], health=_health()))
     try:
         # Both engines were unknown at start and are healthy after their first good probe,
         # which Narwhal waits for before it prints its ready line.
@@ -88,7 +89,7 @@ def test_hanging_probes_make_the_router_monitoring_degraded_until_they_answer(
     sim = start_sim_on(free_port())
     proxy = FaultProxy(int(sim.url.rsplit(":", 1)[1]))
     stale = 1.0
-    config = router_config([proxy.url], health=_health(monitoring_stale_s=stale))
+    config = fleet_config([proxy.url], health=_health(monitoring_stale_s=stale))
     router = start_router(tmp_path, config)
     try:
         assert ready(router.url) == (200, {"ready": True})

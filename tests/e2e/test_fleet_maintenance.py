@@ -21,13 +21,14 @@ from fleet_support import (
     complete,
     engines,
     envelope,
+    fleet_config,
     http,
     ready,
     sim_received,
     start_sim_on,
     wait_for,
 )
-from procs import Proc, free_port, router_config, start_router
+from procs import Proc, free_port, start_router
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -38,7 +39,7 @@ class Fleet:
         self.sims = [start_sim_on(free_port(), "--tpot-ms", "10"), start_sim_on(free_port())]
         engines_cfg = [{"name": "e0", "url": self.sims[0].url, "wave": "a"},
                        {"name": "e1", "url": self.sims[1].url, "wave": "b"}]
-        config = router_config([], engines=engines_cfg, admin=ADMIN_SECTION, **sections)
+        config = fleet_config([], engines=engines_cfg, admin=ADMIN_SECTION, **sections)
         self.router: Proc = start_router(tmp, config, env=ADMIN_ENV)
         self.url = self.router.url
 
@@ -71,7 +72,7 @@ def _clean(request: pytest.FixtureRequest) -> Iterator[None]:
 # -- the token ------------------------------------------------------------------------------
 def test_admin_routes_are_absent_without_a_configured_token(tmp_path: Path) -> None:
     sim = start_sim_on(free_port())
-    router = start_router(tmp_path, router_config([sim.url]))  # no admin section
+    router = start_router(tmp_path, fleet_config([sim.url]))  # no admin section
     try:
         for path in ("/admin/maintenance", "/admin/role", "/admin/engines/e0/drain",
                      "/admin/state", "/admin/nope"):
@@ -223,7 +224,7 @@ def test_role_switch_to_standby_and_back(fleet: Fleet) -> None:
 
 def test_configured_standby_starts_refusing(tmp_path: Path) -> None:
     sim = start_sim_on(free_port())
-    router = start_router(tmp_path, router_config([sim.url], ha={"role": "standby"},
+    router = start_router(tmp_path, fleet_config([sim.url], ha={"role": "standby"},
                                                   admin=ADMIN_SECTION), env=ADMIN_ENV)
     try:
         assert ready(router.url) == (503, {"ready": False, "reason": "standby"})

@@ -19,12 +19,13 @@ from fleet_support import (
     admin,
     assert_refused,
     complete,
+    fleet_config,
     ready,
     redis_server,
     start_sim_on,
     wait_for,
 )
-from procs import Proc, free_port, router_config, start_router
+from procs import Proc, free_port, start_router
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -48,7 +49,7 @@ def sim() -> Iterator[Proc]:
 
 def start(tmp: Path, sim: Proc, redis: RedisServer, role: str = "active") -> Proc:
     lease = {"backend": "redis", "url": redis.url, "key": "narwhal-test:lease", "ttl_s": TTL}
-    config = router_config([sim.url], ha={"role": role, "lease": lease}, admin=ADMIN_SECTION)
+    config = fleet_config([sim.url], ha={"role": role, "lease": lease}, admin=ADMIN_SECTION)
     return start_router(tmp, config, env=ADMIN_ENV)
 
 
