@@ -119,17 +119,8 @@ class Breaker:
             self._set(BreakerState.OPEN)
             self._arm()
 
-    def outcome(self, cls: str, reason: str | None) -> None:
-        """An attempt ended with terminal ``(cls, reason)``."""
-        self.record(judge(cls, reason))
-
-    def reset(self) -> None:
-        """Forget everything (the engine was restarted or reconfigured)."""
-        self._failures = 0
-        if self.state is not BreakerState.CLOSED:
-            self._set(BreakerState.CLOSED)
-
     def describe(self) -> str:
+        """``closed``, ``open`` or ``half_open`` (for ``/engines``)."""
         if self.state is BreakerState.OPEN:
             self.allows()  # an elapsed cool-down shows as half-open
         return self.state.value
