@@ -3,6 +3,16 @@
 import os
 from typing import Any, final
 
+__all__ = [
+    "Board",
+    "Slot",
+    "StreamError",
+    "StreamSession",
+    "Ticket",
+    "__version__",
+    "acquire_slot",
+]
+
 __version__: str
 
 # --- accounting board (rust/narwhal_core/src/counters.rs) --------------------------------

@@ -10,13 +10,15 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from procs import Proc, router_config, start_router, start_sim  # noqa: E402
+from procs import Proc, router_config, start_router, start_sim
 
 
 @pytest.fixture(scope="module")
 def engines() -> Iterator[list[Proc]]:
-    sims = [start_sim("--tpot-ms", "2", "--prefill-tokens-per-s", "200000"),
-            start_sim("--tpot-ms", "2", "--prefill-tokens-per-s", "200000")]
+    sims = [
+        start_sim("--tpot-ms", "2", "--prefill-tokens-per-s", "200000"),
+        start_sim("--tpot-ms", "2", "--prefill-tokens-per-s", "200000"),
+    ]
     try:
         yield sims
     finally:

@@ -30,7 +30,13 @@ def free_port() -> int:
 class Proc:
     """A child process that prints one ready line; its later output is kept for diagnosis."""
 
-    def __init__(self, argv: Sequence[str], ready: str, timeout: float = 20.0, env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        argv: Sequence[str],
+        ready: str,
+        timeout: float = 20.0,
+        env: dict[str, str] | None = None,
+    ):
         self.argv = list(argv)
         self.proc = subprocess.Popen(
             self.argv,
@@ -87,8 +93,17 @@ class Proc:
 
 def start_sim(*flags: str) -> Proc:
     return Proc(
-        [sys.executable, "-m", "narwhal.sim", "--host", "127.0.0.1", "--port", "0",
-         "--exit-with-parent", *flags],
+        [
+            sys.executable,
+            "-m",
+            "narwhal.sim",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--exit-with-parent",
+            *flags,
+        ],
         ready="listening on",
     )
 
@@ -108,7 +123,9 @@ def router_config(engine_urls: Sequence[str], **sections: Any) -> dict[str, Any]
     return config
 
 
-def start_router(tmp_path: Path, config: dict[str, Any], *extra: str, env: dict[str, str] | None = None) -> Proc:
+def start_router(
+    tmp_path: Path, config: dict[str, Any], *extra: str, env: dict[str, str] | None = None
+) -> Proc:
     path = tmp_path / f"narwhal-{free_port()}.yaml"
     path.write_text(yaml.safe_dump(config))
     return Proc(
@@ -139,12 +156,22 @@ def metrics(base: str) -> dict[str, float]:
 
 
 def terminal_sum(m: dict[str, float]) -> float:
-    classes = ("rejected", "refused", "invalid_requests", "expired", "failed", "cancelled", "completed")
+    classes = (
+        "rejected",
+        "refused",
+        "invalid_requests",
+        "expired",
+        "failed",
+        "cancelled",
+        "completed",
+    )
     return sum(v for k, v in m.items() for c in classes if k.startswith(f"narwhal_{c}_total"))
 
 
 def invariant_holds(m: dict[str, float]) -> bool:
-    return m.get("narwhal_offered_total", 0.0) == terminal_sum(m) + m.get("narwhal_retained_requests", 0.0)
+    return m.get("narwhal_offered_total", 0.0) == terminal_sum(m) + m.get(
+        "narwhal_retained_requests", 0.0
+    )
 
 
 @contextlib.contextmanager

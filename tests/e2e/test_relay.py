@@ -33,8 +33,9 @@ def _chat(stream_ids: bool = False) -> dict[str, object]:
 
 
 def raw_post(base: str, path: str, body: dict[str, object]) -> tuple[int, dict[str, str], bytes]:
-    req = urllib.request.Request(base + path, data=json.dumps(body).encode(),
-                                 headers={"content-type": "application/json"})
+    req = urllib.request.Request(
+        base + path, data=json.dumps(body).encode(), headers={"content-type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(req, timeout=30) as resp:
             return resp.status, dict(resp.headers), resp.read()
@@ -53,7 +54,10 @@ def sse_events(raw: bytes) -> list[dict[str, object] | str]:
 
 def test_openai_sdk_streams_tokens_with_null_ids(router: Proc) -> None:
     stream = client(router.url).chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "Hello there"}], max_tokens=10, stream=True
+        model=MODEL,
+        messages=[{"role": "user", "content": "Hello there"}],
+        max_tokens=10,
+        stream=True,
     )
     text = ""
     chunks = 0
@@ -107,8 +111,13 @@ def test_no_ids_asked_means_null_ids_and_no_usage_frame(router: Proc) -> None:
 
 
 def test_completions_route_streams(router: Proc) -> None:
-    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 6, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "model": MODEL,
+        "prompt": "Once upon a time",
+        "max_tokens": 6,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     status, _, raw = raw_post(router.url, "/v1/completions", body)
     assert status == 200
     events = [e for e in sse_events(raw) if isinstance(e, dict)]
@@ -118,8 +127,10 @@ def test_completions_route_streams(router: Proc) -> None:
 
 def _request_bytes(body: dict[str, object], path: str = "/v1/chat/completions") -> bytes:
     data = json.dumps(body).encode()
-    return (f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(data)}\r\n\r\n").encode() + data
+    return (
+        f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(data)}\r\n\r\n"
+    ).encode() + data
 
 
 def _read_responses(sock: socket.socket, count: int, timeout: float = 20.0) -> bytes:
@@ -135,14 +146,19 @@ def _read_responses(sock: socket.socket, count: int, timeout: float = 20.0) -> b
 
 
 def test_keepalive_reuse_and_pipelining(router: Proc) -> None:
-    host, port = router.url[len("http://"):].split(":")
+    host, port = router.url[len("http://") :].split(":")
     with socket.create_connection((host, int(port))) as sock:
         sock.sendall(_request_bytes(_chat()))
         first = _read_responses(sock, 1)
         assert first.startswith(b"HTTP/1.1 200")
         # the same connection serves a second request, then two pipelined ones in order
-        sock.sendall(_request_bytes(_chat()) + _request_bytes(
-            {"model": MODEL, "prompt": "pipelined", "max_tokens": 3, "stream": True}, "/v1/completions"))
+        sock.sendall(
+            _request_bytes(_chat())
+            + _request_bytes(
+                {"model": MODEL, "prompt": "pipelined", "max_tokens": 3, "stream": True},
+                "/v1/completions",
+            )
+        )
         rest = _read_responses(sock, 2)
     assert rest.count(b"HTTP/1.1 200") == 2
     chat_at, cmpl_at = rest.index(b"chat.completion.chunk"), rest.index(b"text_completion")
@@ -153,10 +169,12 @@ def test_chunked_upload(router: Proc) -> None:
     data = json.dumps(_chat()).encode()
     half = len(data) // 2
     body = b"%x\r\n%b\r\n%x\r\n%b\r\n0\r\n\r\n" % (half, data[:half], len(data) - half, data[half:])
-    host, port = router.url[len("http://"):].split(":")
+    host, port = router.url[len("http://") :].split(":")
     with socket.create_connection((host, int(port))) as sock:
-        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n"
-                     b"content-type: application/json\r\n\r\n" + body)
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n"
+            b"content-type: application/json\r\n\r\n" + body
+        )
         out = _read_responses(sock, 1)
     assert out.startswith(b"HTTP/1.1 200") and b"data: [DONE]" in out
 
@@ -165,7 +183,7 @@ def test_client_disconnect_cancels_engine_request(router: Proc, engines: list[Pr
     before = [get_json(e.url + "/sim/stats")["aborted"] for e in engines]
     body = _chat()
     body["max_tokens"] = 2000
-    host, port = router.url[len("http://"):].split(":")
+    host, port = router.url[len("http://") :].split(":")
     sock = socket.create_connection((host, int(port)))
     sock.sendall(_request_bytes(body))
     sock.settimeout(10)
@@ -215,16 +233,26 @@ def test_sigterm_drains_inflight_stream(engines: list[Proc], tmp_path: object) -
 
 
 def test_prompt_is_sized_by_the_engines_tokenizer(router: Proc, engines: list[Proc]) -> None:
-    messages = [{"role": "system", "content": "Be brief."},
-                {"role": "user", "content": "How many tokens is this prompt, exactly?"}]
-    req = urllib.request.Request(engines[0].url + "/tokenize", data=json.dumps(
-        {"model": MODEL, "messages": messages, "add_generation_prompt": True}).encode())
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "How many tokens is this prompt, exactly?"},
+    ]
+    req = urllib.request.Request(
+        engines[0].url + "/tokenize",
+        data=json.dumps(
+            {"model": MODEL, "messages": messages, "add_generation_prompt": True}
+        ).encode(),
+    )
     with urllib.request.urlopen(req, timeout=5) as resp:
         count = json.loads(resp.read())["count"]
     before = metrics(router.url)
-    status, _, raw = raw_post(router.url, "/v1/chat/completions",
-                              {"model": MODEL, "messages": messages, "max_tokens": 3})
+    status, _, raw = raw_post(
+        router.url, "/v1/chat/completions", {"model": MODEL, "messages": messages, "max_tokens": 3}
+    )
     assert status == 200
     assert json.loads(raw)["usage"]["prompt_tokens"] == count
     after = metrics(router.url)
-    assert after["narwhal_offered_prompt_tokens_total"] - before["narwhal_offered_prompt_tokens_total"] == count
+    assert (
+        after["narwhal_offered_prompt_tokens_total"] - before["narwhal_offered_prompt_tokens_total"]
+        == count
+    )

@@ -20,18 +20,26 @@ CLIENTS = 32
 
 
 def _one_request(base: str, rng: random.Random) -> str:
-    host, port = base[len("http://"):].split(":")
+    host, port = base[len("http://") :].split(":")
     kind = rng.choice(["stream", "stream", "nonstream", "leave", "invalid"])
-    body: dict[str, object] = {"model": MODEL, "messages": [{"role": "user", "content": "load"}],
-                               "max_tokens": rng.randint(2, 40), "stream": kind in ("stream", "leave")}
+    body: dict[str, object] = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "load"}],
+        "max_tokens": rng.randint(2, 40),
+        "stream": kind in ("stream", "leave"),
+    }
     data = b"{broken" if kind == "invalid" else json.dumps(body).encode()
-    head = (f"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(data)}\r\nconnection: close\r\n\r\n").encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(data)}\r\nconnection: close\r\n\r\n"
+    ).encode()
     with socket.create_connection((host, int(port)), timeout=15) as sock:
         sock.sendall(head + data)
         if kind == "leave":
             time.sleep(rng.uniform(0.0, 0.05))  # leaves while queued, in prefill or in decode
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            sock.setsockopt(
+                socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00"
+            )
             return "left"
         raw = b""
         while chunk := sock.recv(65536):
@@ -76,14 +84,21 @@ def test_invariant_under_saturation(tmp_path: Path, workers: int) -> None:
     sims = [start_sim("--tpot-ms", "3", "--prefill-tokens-per-s", "50000") for _ in range(2)]
     router: Proc | None = None
     try:
-        engines = [{"name": f"e{i}", "url": s.url, "dialect": "vllm", "max_prefill": 2, "max_decode": 4}
-                   for i, s in enumerate(sims)]
-        cfg = router_config([s.url for s in sims], engines=engines,
-                            serving={"http_retention_limit": 14},
-                            admission={"mode": "open", "queue_limit": 4, "max_wait_s": 0.3})
+        engines = [
+            {"name": f"e{i}", "url": s.url, "dialect": "vllm", "max_prefill": 2, "max_decode": 4}
+            for i, s in enumerate(sims)
+        ]
+        cfg = router_config(
+            [s.url for s in sims],
+            engines=engines,
+            serving={"http_retention_limit": 14},
+            admission={"mode": "open", "queue_limit": 4, "max_wait_s": 0.3},
+        )
         router = start_router(tmp_path, cfg, "--workers", str(workers))
         outcomes, violations = _run_load(router.url)
-        assert not violations, f"invariant broken in {len(violations)} scrapes: {violations[0][:2000]}"
+        assert not violations, (
+            f"invariant broken in {len(violations)} scrapes: {violations[0][:2000]}"
+        )
         # all the pressure points were reached
         assert outcomes.get("200", 0) > 20, outcomes
         assert outcomes.get("429", 0) > 0, outcomes
@@ -94,12 +109,18 @@ def test_invariant_under_saturation(tmp_path: Path, workers: int) -> None:
             time.sleep(0.1)
             m = metrics(router.url)
         assert invariant_holds(m)
-        gauges = {k: v for k, v in m.items() if k.startswith(("narwhal_retained", "narwhal_queued",
-                                                               "narwhal_engine_inflight"))}
+        gauges = {
+            k: v
+            for k, v in m.items()
+            if k.startswith(("narwhal_retained", "narwhal_queued", "narwhal_engine_inflight"))
+        }
         assert gauges and all(v == 0 for v in gauges.values()), gauges
         assert m["narwhal_cancelled_total"] > 0
-        assert m['narwhal_rejected_total{reason="retention_full"}'] + \
-            m.get('narwhal_rejected_total{reason="queue_full"}', 0) > 0
+        assert (
+            m['narwhal_rejected_total{reason="retention_full"}']
+            + m.get('narwhal_rejected_total{reason="queue_full"}', 0)
+            > 0
+        )
         pid = router.proc.pid
         children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
         assert len(children) == (workers if workers > 1 else 0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -85,10 +86,8 @@ class AdmissionQueue:
             ticket.dequeue()
             if not future.done():
                 future.cancel()
-            try:
+            with contextlib.suppress(ValueError):
                 self.waiters.remove(future)
-            except ValueError:
-                pass
         return placement, loop.time() - start
 
     def capacity_freed(self) -> None:

@@ -8,6 +8,7 @@ exchange is a small :class:`Responder`. Pipelined requests are answered strictly
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
@@ -244,10 +245,8 @@ class HttpProtocol(asyncio.Protocol):
         self.transport = transport
         sock = transport.get_extra_info("socket")
         if sock is not None:
-            try:
+            with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            except OSError:
-                pass
         high = self.limits.write_buffer_high_bytes
         transport.set_write_buffer_limits(high=high, low=high // 4)
         self.server.connections.add(self)
