@@ -90,7 +90,7 @@ def test_tpot_model_is_an_ewma_at_one_batch_size() -> None:
     assert model.predict() is None
     model.observe(0.010)
     assert model.predict() == pytest.approx(0.010)
-    for _ in range(40):
+    for _ in range(150):
         model.observe(0.020)
     assert model.predict() == pytest.approx(0.020, rel=1e-3)
     assert model.growth_s == 0.0

@@ -32,8 +32,6 @@ TTFT_DRIFT_FLOOR_S = 0.02
 TPOT_DRIFT_FLOOR_S = 0.002
 MIN_TPOT_TOKENS = 3
 """A decode attempt is scored for TPOT when at least this many tokens followed its first read."""
-REPROFILE_MIN_INTERVAL_S = 3.0
-"""Drift re-profiles an engine at most this often."""
 
 
 class EngineLearned:
@@ -166,9 +164,9 @@ class Learning:
         self.supervisor.dirty = True
 
     def _check_drift(self, learned: EngineLearned, drift: Drift, kind: str) -> None:
-        if (learned.due is None and not learned.profiling
-                and drift.exceeds(self.drift_threshold)
-                and time.monotonic() - learned.profiled_mono >= REPROFILE_MIN_INTERVAL_S):
+        """Sustained drift makes a re-profile due (run no sooner than
+        ``REPROFILE_MIN_INTERVAL_S`` after the last profile)."""
+        if learned.due is None and not learned.profiling and drift.exceeds(self.drift_threshold):
             learned.due = kind
             self.supervisor.wake()
 

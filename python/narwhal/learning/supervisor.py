@@ -30,6 +30,8 @@ START_WAIT_S = 15.0
 MAX_CONCURRENT_PROFILES = 4
 BACKOFF_S = (1.0, 30.0)
 SAVE_INTERVAL_S = 30.0
+REPROFILE_MIN_INTERVAL_S = 3.0
+"""Drift re-profiles an engine at most this often."""
 STATE_KEY = "learned"
 STATE_VERSION = 1
 
@@ -107,9 +109,13 @@ class Supervisor:
     @staticmethod
     def _wants(learned: EngineLearned, now: float) -> bool:
         engine = learned.engine
-        return (engine.health is Health.HEALTHY and not engine.maintenance
-                and not learned.profiling and now >= learned.retry_at
-                and (learned.prefill is None or learned.due is not None))
+        if (engine.health is not Health.HEALTHY or engine.maintenance or learned.profiling
+                or now < learned.retry_at):
+            return False
+        if learned.prefill is None:
+            return True
+        return (learned.due is not None
+                and now >= learned.profiled_mono + REPROFILE_MIN_INTERVAL_S)
 
     async def _profile(self, learned: EngineLearned) -> None:
         engine = learned.engine

@@ -10,8 +10,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-FORGET = 0.8
-"""Weight kept by past observations at each new one (an EWMA with alpha 0.2)."""
+FORGET = 0.95
+"""Weight kept by past observations at each new one (an EWMA with alpha 0.05): small
+changes are followed within a few dozen requests; a large one stays visible as drift
+long enough to re-profile the engine."""
 
 MIN_BATCH_VARIANCE = 0.25
 """Below this spread of batch sizes the growth term is not identifiable and keeps its value."""
