@@ -1,0 +1,174 @@
+"""One HTTP exchange: the parsed request, an early answer, and the response writer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from narwhal.server.responses import STATUS_LINES
+
+if TYPE_CHECKING:
+    from narwhal.server.http import HttpProtocol
+
+Headers = Sequence[tuple[bytes, bytes]]
+
+_CHUNK_END = b"0\r\n\r\n"
+_KEEP_ALIVE = b"connection: keep-alive\r\n"
+_CLOSE = b"connection: close\r\n"
+
+
+class EarlyResponse(Exception):
+    """Raised by ``App.on_headers`` to answer before the body is read (e.g. 413, 429)."""
+
+    def __init__(self, status: int, body: bytes, headers: Headers = (), close: bool = False):
+        super().__init__(status)
+        self.status = status
+        self.body = body
+        self.headers = headers
+        self.close = close
+
+
+class Request:
+    """One parsed HTTP request."""
+
+    __slots__ = (
+        "arrival",
+        "body",
+        "body_parts",
+        "body_size",
+        "early",
+        "headers",
+        "keep_alive",
+        "method",
+        "path",
+        "query",
+        "state",
+    )
+
+    def __init__(self, method: str, path: str, query: str, headers: dict[str, str], arrival: float):
+        self.method = method
+        self.path = path
+        self.query = query
+        self.headers = headers
+        self.arrival = arrival
+        self.body = b""
+        self.body_parts: list[bytes] = []
+        self.body_size = 0
+        self.keep_alive = True
+        self.state: Any = None
+        self.early: EarlyResponse | None = None
+
+
+class Responder:
+    """The response side of one exchange."""
+
+    __slots__ = (
+        "_conn",
+        "_head",
+        "_keep_alive",
+        "complete",
+        "disconnected",
+        "on_disconnect",
+        "started",
+    )
+
+    def __init__(self, conn: HttpProtocol, keep_alive: bool):
+        self._conn = conn
+        self._keep_alive = keep_alive
+        self._head: bytes | None = None
+        self.started = False
+        self.complete = False
+        self.disconnected = False
+        self.on_disconnect: Callable[[], None] | None = None
+
+    # -- whole responses -------------------------------------------------------------------
+    def send(
+        self,
+        status: int,
+        body: bytes,
+        headers: Headers = (),
+        content_type: bytes = b"application/json",
+    ) -> None:
+        if self.started:
+            raise RuntimeError("response already started")
+        self.started = True
+        self.complete = True
+        conn = self._conn
+        if self.disconnected:
+            conn.exchange_done(self)
+            return
+        parts = [
+            STATUS_LINES[status],
+            b"content-type: ",
+            content_type,
+            b"\r\ncontent-length: ",
+            str(len(body)).encode(),
+            b"\r\n",
+        ]
+        for name, value in headers:
+            parts += (name, b": ", value, b"\r\n")
+        parts += (_KEEP_ALIVE if self._keep_alive else _CLOSE, b"\r\n", body)
+        conn.transport_write(b"".join(parts))
+        conn.exchange_done(self)
+
+    # -- streamed responses ----------------------------------------------------------------
+    def start(
+        self,
+        status: int,
+        headers: Headers = (),
+        content_type: bytes = b"text/event-stream; charset=utf-8",
+    ) -> None:
+        """Begin a chunked response; the head goes out with the first :meth:`write`."""
+        if self.started:
+            raise RuntimeError("response already started")
+        self.started = True
+        parts = [STATUS_LINES[status], b"content-type: ", content_type, b"\r\n"]
+        for name, value in headers:
+            parts += (name, b": ", value, b"\r\n")
+        parts += (
+            b"cache-control: no-cache\r\ntransfer-encoding: chunked\r\n",
+            _KEEP_ALIVE if self._keep_alive else _CLOSE,
+            b"\r\n",
+        )
+        self._head = b"".join(parts)
+
+    def write(self, data: bytes) -> None:
+        """Send one chunk (all the output of one engine read, coalesced)."""
+        if not data or self.disconnected:
+            return
+        chunk = b"%x\r\n%b\r\n" % (len(data), data)
+        head, self._head = self._head, None
+        self._conn.transport_write(head + chunk if head is not None else chunk)
+
+    def end(self) -> None:
+        if self.complete:
+            return
+        self.complete = True
+        if not self.disconnected:
+            head, self._head = self._head, None
+            self._conn.transport_write(head + _CHUNK_END if head is not None else _CHUNK_END)
+        self._conn.exchange_done(self)
+
+    # -- flow control and failure ----------------------------------------------------------
+    @property
+    def write_paused(self) -> bool:
+        return self._conn.flow.write_paused
+
+    def set_flow_listener(
+        self, on_pause: Callable[[], None] | None, on_resume: Callable[[], None] | None
+    ) -> None:
+        self._conn.flow.set_listener(on_pause, on_resume)
+
+    async def drain(self) -> None:
+        await self._conn.flow.drain()
+
+    def abort(self) -> None:
+        """Close the connection now (used when a streamed response cannot be finished)."""
+        self.complete = True
+        self._conn.close()
+
+    def _lost(self) -> None:
+        self.disconnected = True
+        callback, self.on_disconnect = self.on_disconnect, None
+        if callback is not None:
+            callback()
