@@ -218,7 +218,7 @@ def test_client_gone_mid_stream_abandons_pipelined_requests() -> None:
 @pytest.mark.timeout(10)
 def test_idle_and_slow_headers_close_the_connection() -> None:
     async def main() -> tuple[bool, bool]:
-        proto, idle = await _connect(EchoApp(), keepalive_timeout_s=0.05)
+        _proto, idle = await _connect(EchoApp(), keepalive_timeout_s=0.05)
         proto2, slow = await _connect(EchoApp(), header_timeout_s=0.05, keepalive_timeout_s=5)
         proto2.data_received(b"GET /x HTTP/1.1\r\nhost")  # headers never finish
         await asyncio.sleep(0.2)
