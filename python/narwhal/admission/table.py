@@ -94,6 +94,8 @@ _ROWS: tuple[Row, ...] = (
     Row("header_too_large", 431, INVALID, None, None,
         "The request headers exceed the configured limit (serving.max_header_bytes)."),
     Row("bad_request", 400, INVALID, None, None, "Malformed HTTP request."),
+    Row("conflict", 409, INVALID, None, None,
+        "The request conflicts with the router's state (e.g. a lease backend decides the role)."),
 )
 
 ROWS: Mapping[str, Row] = MappingProxyType({row.code: row for row in _ROWS})

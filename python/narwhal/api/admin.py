@@ -13,7 +13,7 @@ from narwhal.fleet.engine import Engine
 from narwhal.fleet.ha import StaticRole
 from narwhal.fleet.maintenance import UnknownWave
 from narwhal.server.http import Request, Responder
-from narwhal.server.responses import error_body, refusal_response
+from narwhal.server.responses import refusal_response
 
 if TYPE_CHECKING:
     from narwhal.api.router import Router
@@ -58,7 +58,8 @@ class AdminApi:
             responder.send(status, out, headers)
             return
         except _Conflict as exc:
-            responder.send(409, error_body(str(exc), "invalid_request_error", "role", "conflict"))
+            status, headers, out = refusal_response(Refusal("conflict", str(exc), param="role"))
+            responder.send(status, out, headers)
             return
         responder.send(200, orjson.dumps(result))
 
