@@ -39,7 +39,7 @@ class EngineLearned:
 
     __slots__ = ("drift_tpot", "drift_ttft", "due", "engine", "error", "failures",
                  "last_prefill", "load", "prefill", "profile_reason", "profiled_at",
-                 "profiled_mono", "profiles", "profiling", "retry_at", "tpot")
+                 "profiled_mono", "profiles", "profiling", "retry_at", "tpot", "wanted_at")
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -56,6 +56,7 @@ class EngineLearned:
         self.error: str | None = None  # why the last profile failed
         self.profiling = False
         self.due: str | None = None  # why a re-profile is wanted
+        self.wanted_at = 0.0  # Unix time it became wanted
         self.retry_at = 0.0  # monotonic time before which no profile is tried
         self.last_prefill: tuple[float, float] | None = None  # (predicted, observed) seconds
 
@@ -66,7 +67,10 @@ class EngineLearned:
 class Learning:
     """Receives measurements from the relay and answers projections."""
 
-    def __init__(self, engines: Sequence[Engine], config: Config | None = None) -> None:
+    def __init__(self, engines: Sequence[Engine], config: Config | None = None, *,
+                 shared_path: str | None = None) -> None:
+        """``shared_path``: a file every worker process opens (the shared board's), to take
+        turns profiling; None in a single process."""
         self.engines = engines
         self.config = config
         self.predictive = config is not None and config.admission.mode == "predictive"
@@ -75,7 +79,7 @@ class Learning:
         self.output = OutputLengths()
         self.pending = PendingBook()
         self.on_profiled: Callable[[Engine], None] | None = None
-        self.supervisor = Supervisor(self, config)
+        self.supervisor = Supervisor(self, config, shared_path)
 
     # -- what placement and admission ask ---------------------------------------------------
     def profiled(self, engine: Engine) -> bool:
@@ -168,6 +172,7 @@ class Learning:
         ``REPROFILE_MIN_INTERVAL_S`` after the last profile)."""
         if learned.due is None and not learned.profiling and drift.exceeds(self.drift_threshold):
             learned.due = kind
+            learned.wanted_at = time.time()
             self.supervisor.wake()
 
     def engine_changed(self, engine: Engine) -> None:

@@ -17,6 +17,7 @@ from narwhal.fleet.engine import Health
 from narwhal.learning.latency import PrefillModel
 from narwhal.learning.persistence import read_section, write_section
 from narwhal.learning.profiler import Profile, ProfileError, Profiler
+from narwhal.learning.workers import WorkerLocks
 
 if TYPE_CHECKING:
     from narwhal.config import Config
@@ -32,6 +33,8 @@ BACKOFF_S = (1.0, 30.0)
 SAVE_INTERVAL_S = 30.0
 REPROFILE_MIN_INTERVAL_S = 3.0
 """Drift re-profiles an engine at most this often."""
+ADOPT_MARGIN_S = REPROFILE_MIN_INTERVAL_S
+"""A peer worker's profile this much older than the need for one is still adopted."""
 STATE_KEY = "learned"
 STATE_VERSION = 1
 
@@ -39,8 +42,11 @@ STATE_VERSION = 1
 class Supervisor:
     """Runs profiles for a :class:`Learning` and keeps its state file."""
 
-    def __init__(self, learning: Learning, config: Config | None) -> None:
+    def __init__(self, learning: Learning, config: Config | None,
+                 shared_path: str | None = None) -> None:
         self.learning = learning
+        self.locks = WorkerLocks(shared_path)
+        self.started_at = time.time()
         self.profiler = Profiler(config.model if config is not None else "")
         self.state_file = config.state_file if config is not None else None
         self.outcomes = [[0, 0] for _ in learning.engines]  # [ok, failed] per engine
@@ -60,6 +66,7 @@ class Supervisor:
     async def start(self, *, wait: bool) -> None:
         self._wake = asyncio.Event()
         self._slots = asyncio.Semaphore(MAX_CONCURRENT_PROFILES)
+        self.locks.open()
         self._task = asyncio.get_running_loop().create_task(self._run())
         if wait:
             await self._first_profiles(START_WAIT_S)
@@ -82,6 +89,7 @@ class Supervisor:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._task = None
+        self.locks.close()
         if self.dirty:
             self.save()
 
@@ -120,11 +128,15 @@ class Supervisor:
     async def _profile(self, learned: EngineLearned) -> None:
         engine = learned.engine
         reason = learned.due or "join"
+        wanted_at = learned.wanted_at if learned.due else self.started_at
         slots = self._slots
         assert slots is not None
         try:
-            async with slots:
-                profile = await self.profiler.profile(engine, learned.load, learned.prefill)
+            async with slots, self.locks.hold(engine.index) as locked:
+                if not (locked and self._adopt(learned, wanted_at, reason)):
+                    profile = await self.profiler.profile(engine, learned.load, learned.prefill)
+                    self._apply(learned, profile, reason)
+                await self._save_soon()  # under the lock: the next worker can adopt it
         except ProfileError as exc:
             self._failed(learned, f"{exc.code}: {exc.message}")
         except asyncio.CancelledError:
@@ -133,8 +145,6 @@ class Supervisor:
             log.exception("profiling %s failed", engine.name)
             self._failed(learned, f"internal_error: {exc}")
         else:
-            self._apply(learned, profile, reason)
-            await self._save_soon()
             if self.learning.on_profiled is not None:
                 self.learning.on_profiled(engine)
         finally:
@@ -187,6 +197,45 @@ class Supervisor:
         return {"version": STATE_VERSION, "saved_at": time.time(), "engines": engines,
                 "output_length": self.learning.output.as_json()}
 
+    def _adopt(self, learned: EngineLearned, wanted_at: float, reason: str) -> bool:
+        """Take a peer worker's profile of the engine from the state file when it is recent
+        enough to answer this need; True when adopted."""
+        if not self.state_file:
+            return False
+        data = read_section(self.state_file, STATE_KEY)
+        engines = data.get("engines") if isinstance(data, dict) else None
+        stored = engines.get(learned.engine.name) if isinstance(engines, dict) else None
+        at = stored.get("profiled_at") if isinstance(stored, dict) else None
+        if not isinstance(at, (int, float)) or at < wanted_at - ADOPT_MARGIN_S:
+            return False
+        if not self._take(learned, stored):
+            return False
+        learned.profiled_mono = time.monotonic()
+        learned.profile_reason = reason
+        learned.profiles += 1
+        learned.failures, learned.error, learned.due = 0, None, None
+        learned.drift_ttft.reset()
+        learned.drift_tpot.reset()
+        log.info("engine %s: adopted a peer worker's profile", learned.engine.name)
+        return True
+
+    def _take(self, learned: EngineLearned, stored: object) -> bool:
+        """Load one engine's stored model (same URL only); True when it held one."""
+        if not isinstance(stored, dict) or stored.get("url") != learned.engine.config.url:
+            return False
+        prefill = PrefillModel.from_json(stored)
+        if prefill is None:
+            return False
+        learned.prefill = prefill
+        tpot, growth = stored.get("tpot_s"), stored.get("tpot_growth_s")
+        if isinstance(growth, (int, float)) and growth >= 0:
+            learned.tpot.growth_s = float(growth)
+        if isinstance(tpot, (int, float)) and tpot > 0:
+            learned.tpot.reset(float(tpot))
+        at = stored.get("profiled_at")
+        learned.profiled_at = float(at) if isinstance(at, (int, float)) else None
+        return True
+
     def restore(self, data: object) -> None:
         """Take back what a previous run saved, for engines with the same name and URL."""
         if not isinstance(data, dict) or data.get("version") != STATE_VERSION:
@@ -194,21 +243,8 @@ class Supervisor:
         engines = data.get("engines")
         if isinstance(engines, dict):
             for learned in self.learning.learned:
-                stored = engines.get(learned.engine.name)
-                if not isinstance(stored, dict) or stored.get("url") != learned.engine.config.url:
-                    continue
-                prefill = PrefillModel.from_json(stored)
-                if prefill is None:
-                    continue
-                learned.prefill = prefill
-                tpot, growth = stored.get("tpot_s"), stored.get("tpot_growth_s")
-                if isinstance(growth, (int, float)) and growth >= 0:
-                    learned.tpot.growth_s = float(growth)
-                if isinstance(tpot, (int, float)) and tpot > 0:
-                    learned.tpot.reset(float(tpot))
-                at = stored.get("profiled_at")
-                learned.profiled_at = float(at) if isinstance(at, (int, float)) else None
-                learned.profile_reason = "restored"
+                if self._take(learned, engines.get(learned.engine.name)):
+                    learned.profile_reason = "restored"
         self.learning.output.load(data.get("output_length"))
 
     def save(self) -> bool:
@@ -217,7 +253,7 @@ class Supervisor:
             return True
         self.dirty = False
         self._saved_at = time.monotonic()
-        return write_section(self.state_file, STATE_KEY, self.snapshot())
+        return self._write(self.state_file, self.snapshot())
 
     async def _save_soon(self) -> None:
         if not self.state_file:
@@ -227,5 +263,21 @@ class Supervisor:
         self.dirty = False
         self._saved_at = time.monotonic()
         path = self.state_file
-        await asyncio.get_running_loop().run_in_executor(
-            None, write_section, path, STATE_KEY, snapshot)
+        await asyncio.get_running_loop().run_in_executor(None, self._write, path, snapshot)
+
+    @staticmethod
+    def _write(path: str, snapshot: dict[str, Any]) -> bool:
+        """Write ``snapshot``, keeping any engine a peer worker profiled more recently."""
+        stored = read_section(path, STATE_KEY)
+        theirs = stored.get("engines") if isinstance(stored, dict) else None
+        if isinstance(theirs, dict):
+            ours = snapshot["engines"]
+            for name, entry in theirs.items():
+                mine = ours.get(name)
+                if not isinstance(entry, dict):
+                    continue
+                at, my_at = entry.get("profiled_at"), (mine or {}).get("profiled_at")
+                if mine is None or (isinstance(at, (int, float))
+                                    and (not isinstance(my_at, (int, float)) or at > my_at)):
+                    ours[name] = entry
+        return write_section(path, STATE_KEY, snapshot)
