@@ -331,7 +331,8 @@ class Relay:
         if not self.responder.started:
             self._refuse(ref)
         else:
-            self.responder.write(midstream_error_event(ref))
+            late = Refusal("deadline_expired", "The request deadline passed during the response.")
+            self.responder.write(midstream_error_event(late))
             self.responder.end()
             self._finish("expired", "deadline_expired")
 
