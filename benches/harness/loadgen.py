@@ -5,7 +5,8 @@ soon as the previous answer ends (closed loop). Every network read is timestampe
 SSE events in it are split, parsed with orjson and counted as tokens when their delta
 carries text. Figures cover a measurement window after a warm-up:
 
-* TTFT: request write -> the read holding the first token, for requests sent in the window;
+* TTFT: request write -> the read holding the first token, for first tokens read in the
+  window (so a router that queues for longer than the window still yields samples);
 * inter-token latency: the gap between two token-bearing reads divided by the tokens in
   the later read (so engines that merge tokens into one event still average correctly);
 * tokens: token events read in the window, scaled per request by ``usage.completion_tokens``
@@ -263,7 +264,7 @@ class StreamConnection(asyncio.Protocol):
         in_window = window.holds(now)
         if ex.first_at is None:
             ex.first_at = now
-            if window.holds(ex.sent_at):
+            if in_window:
                 figures.ttft_s.append(now - ex.sent_at)
             k_gaps = k - 1
             gap = 0.0

@@ -1,8 +1,15 @@
-"""Sampling profile of a running router with py-spy, summarised as self and inclusive time."""
+"""Profiles of a running router: py-spy (Python frames) and perf (CPU by library and symbol).
+
+py-spy samples wall-clock stacks of the running thread without pausing it, so a frame that
+makes a syscall also carries the time the process waits for a CPU after waking a peer on a
+busy host. perf samples CPU cycles only, in the kernel too, but sees the interpreter as
+``_PyEval_EvalFrameDefault``; the two together say where the per-token time goes.
+"""
 
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 from collections import Counter
 from dataclasses import dataclass, field
@@ -10,6 +17,7 @@ from pathlib import Path
 
 _LINE = re.compile(r"^(.*) (\d+)$")
 _FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^():]*)(?::\d+)?\)$")
+_PERF_ROW = re.compile(r"^\s*([\d.]+)%\s+(.*?)\s*$")
 
 
 @dataclass
@@ -20,6 +28,9 @@ class Profile:
     self_samples: Counter[str] = field(default_factory=Counter)
     incl_samples: Counter[str] = field(default_factory=Counter)
     error: str = ""
+    perf_dso: list[tuple[str, float]] = field(default_factory=list)
+    perf_symbols: list[tuple[str, float]] = field(default_factory=list)
+    perf_error: str = ""
 
     def busy_fraction(self) -> float:
         expected = self.rate_hz * self.duration_s
@@ -27,7 +38,7 @@ class Profile:
 
 
 def _name(frame: str) -> str:
-    """``func (path/to/file.py:12)`` -> ``func (file.py)``; native frames stay as they are."""
+    """``func (path/to/file.py:12)`` -> ``func (dir/file.py)``."""
     m = _FRAME.match(frame.strip())
     if not m:
         return frame.strip()
@@ -37,6 +48,7 @@ def _name(frame: str) -> str:
 
 
 def summarise(raw: str, rate_hz: int, duration_s: float) -> Profile:
+    """py-spy's raw (collapsed) output -> self and inclusive samples per function."""
     prof = Profile(rate_hz=rate_hz, duration_s=duration_s)
     for line in raw.splitlines():
         m = _LINE.match(line.strip())
@@ -53,37 +65,72 @@ def summarise(raw: str, rate_hz: int, duration_s: float) -> Profile:
     return prof
 
 
-def record(
-    py_spy: Path, pid: int, duration_s: float, out: Path, rate_hz: int = 250, native: bool = True
-) -> Profile:
-    """Attach to ``pid`` (and its subprocesses) for ``duration_s``; never raises for py-spy."""
+def record(py_spy: Path, pid: int, duration_s: float, out: Path, rate_hz: int = 250) -> Profile:
+    """py-spy on ``pid`` and its children for ``duration_s``, with perf alongside when present."""
     argv = [
-        str(py_spy),
-        "record",
-        "--pid",
-        str(pid),
-        "--duration",
-        str(int(duration_s)),
-        "--rate",
-        str(rate_hz),
-        "--format",
-        "raw",
-        "-o",
-        str(out),
-        "--nonblocking",
-        "--subprocesses",
-    ]
-    if native:
-        argv.append("--native")
+        str(py_spy), "record", "--pid", str(pid), "--duration", str(int(duration_s)),
+        "--rate", str(rate_hz), "--format", "raw", "-o", str(out),
+        "--nonblocking", "--subprocesses",
+    ]  # fmt: skip
+    perf_data = out.with_suffix(".perf.data")
+    perf = _start_perf(pid, duration_s, perf_data)
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=duration_s + 60)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return Profile(error=f"py-spy: {exc}")
-    if done.returncode != 0 or not out.exists():
-        if native:  # some builds cannot unwind native frames: fall back to Python frames
-            return record(py_spy, pid, duration_s, out, rate_hz, native=False)
-        return Profile(error=f"py-spy failed: {(done.stderr or done.stdout)[-400:]}")
-    return summarise(out.read_text(errors="replace"), rate_hz, int(duration_s))
+        prof = Profile(error=f"py-spy: {exc}")
+    else:
+        if done.returncode != 0 or not out.exists():
+            prof = Profile(error=f"py-spy failed: {(done.stderr or done.stdout)[-400:]}")
+        else:
+            prof = summarise(out.read_text(errors="replace"), rate_hz, int(duration_s))
+    _finish_perf(perf, perf_data, prof)
+    return prof
+
+
+def _start_perf(pid: int, duration_s: float, data: Path) -> subprocess.Popen[bytes] | None:
+    if shutil.which("perf") is None:
+        return None
+    argv = ["perf", "record", "-F", "499", "-o", str(data), "-p", str(pid),
+            "--", "sleep", str(int(duration_s))]  # fmt: skip
+    try:
+        return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except OSError:
+        return None
+
+
+def _finish_perf(perf: subprocess.Popen[bytes] | None, data: Path, prof: Profile) -> None:
+    if perf is None:
+        prof.perf_error = "perf is not installed"
+        return
+    try:
+        perf.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        perf.kill()
+        perf.wait(timeout=5)
+    if perf.returncode != 0 or not data.exists():
+        prof.perf_error = f"perf record failed (status {perf.returncode})"
+        return
+    prof.perf_dso = _perf_report(data, "dso")
+    prof.perf_symbols = _perf_report(data, "dso,sym")
+
+
+def _perf_report(data: Path, sort: str) -> list[tuple[str, float]]:
+    try:
+        done = subprocess.run(
+            ["perf", "report", "-i", str(data), "--no-children", "--sort", sort, "--stdio",
+             "-g", "none"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    rows: list[tuple[str, float]] = []
+    for line in done.stdout.splitlines():
+        if line.startswith("#"):
+            continue
+        m = _PERF_ROW.match(line)
+        if m:
+            rows.append((" ".join(m.group(2).split()), float(m.group(1))))
+    return rows
 
 
 def top(counter: Counter[str], total: int, n: int = 20) -> list[tuple[str, float]]:

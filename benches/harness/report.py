@@ -208,11 +208,15 @@ def _ratio(a: float | None, b: float | None) -> str:
 
 
 def _ratios(fig: dict[str, Any], loads: Sequence[str]) -> list[str]:
+    """Each router's figures divided by Narwhal's (1 worker) at the same load.
+
+    TTFT is compared whole (engine TTFT included): added TTFT near zero makes its ratio
+    meaningless, and the added figures are in the tables above.
+    """
     nw = fig["systems"].get("narwhal", {}).get("loads", {})
     rows = [
-        "| system | load | CPU per token ÷ Narwhal's | added TTFT p50 ÷ Narwhal's "
-        "| tokens/s ÷ Narwhal's | RSS ÷ Narwhal's |",
-        "|---|---|---|---|---|---|",
+        "| system | load | router CPU per token | TTFT p50 | TTFT p99 | tokens/s | RSS |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name in ("narwhal-2w", "vllm-router", "sglang-router", "litellm"):
         loads_of = fig["systems"].get(name, {}).get("loads", {})
@@ -222,7 +226,8 @@ def _ratios(fig: dict[str, Any], loads: Sequence[str]) -> list[str]:
                 continue
             rows.append(
                 f"| {name} | {load} | {_ratio(e['cpu_s_per_1k_tokens'], n['cpu_s_per_1k_tokens'])}"
-                f" | {_ratio(e['added_ttft_p50_ms'], n['added_ttft_p50_ms'])}"
+                f" | {_ratio(e['ttft_p50_ms'], n['ttft_p50_ms'])}"
+                f" | {_ratio(e['ttft_p99_ms'], n['ttft_p99_ms'])}"
                 f" | {_ratio(e['tokens_per_s'], n['tokens_per_s'])}"
                 f" | {_ratio(e['rss_mb'], n['rss_mb'])} |"
             )
@@ -282,24 +287,35 @@ def _targets(fig: dict[str, Any]) -> list[str]:
 def _profile_section(profiles: dict[str, pyspy.Profile]) -> list[str]:
     out: list[str] = []
     for label, prof in profiles.items():
-        out.append(f"#### py-spy, Narwhal (1 worker) at {label}")
+        out.append(f"#### Profile of Narwhal (1 worker) at {label}")
         if prof.error:
-            out += ["", f"not profiled: {prof.error}", ""]
-            continue
-        out += [
-            "",
-            f"{prof.samples} samples at {prof.rate_hz} Hz over {prof.duration_s:.0f} s "
-            f"(busy ≈ {prof.busy_fraction() * 100:.0f}% of one core). Self time:",
-            "",
-            "| function | self % | inclusive % |",
-            "|---|---|---|",
-        ]
-        for name, pct in pyspy.top(prof.self_samples, prof.samples, 25):
-            incl = 100.0 * prof.incl_samples[name] / prof.samples
-            out.append(f"| `{name}` | {pct:.1f} | {incl:.1f} |")
-        out += ["", "Largest inclusive costs:", "", "| function | inclusive % |", "|---|---|"]
-        for name, pct in pyspy.top(prof.incl_samples, prof.samples, 30):
-            out.append(f"| `{name}` | {pct:.1f} |")
+            out += ["", f"py-spy: not profiled ({prof.error})", ""]
+        else:
+            out += [
+                "",
+                f"py-spy: {prof.samples} samples at {prof.rate_hz} Hz over {prof.duration_s:.0f} s"
+                f" (on CPU or runnable {prof.busy_fraction() * 100:.0f}% of the time). "
+                "Wall-clock, Python frames; native code shows as its Python caller:",
+                "",
+                "| function | self % | inclusive % |",
+                "|---|---|---|",
+            ]
+            for name, pct in pyspy.top(prof.self_samples, prof.samples, 15):
+                incl = 100.0 * prof.incl_samples[name] / prof.samples
+                out.append(f"| `{name}` | {pct:.1f} | {incl:.1f} |")
+            rest = [
+                (n, p) for n, p in pyspy.top(prof.incl_samples, prof.samples, 40) if 1.0 <= p < 90.0
+            ]
+            out += ["", "Inclusive (1-90 %):", "", "| function | inclusive % |", "|---|---|"]
+            out += [f"| `{n}` | {p:.1f} |" for n, p in rest]
+        if prof.perf_dso:
+            out += ["", "perf (CPU cycles, kernel included) by library:", "",
+                    "| library | % |", "|---|---|"]  # fmt: skip
+            out += [f"| `{n}` | {p:.1f} |" for n, p in prof.perf_dso[:8]]
+            out += ["", "perf, hottest symbols:", "", "| library, symbol | % |", "|---|---|"]
+            out += [f"| `{n}` | {p:.1f} |" for n, p in prof.perf_symbols[:20]]
+        elif prof.perf_error:
+            out += ["", f"perf: {prof.perf_error}"]
         out.append("")
     return out
 

@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import shlex
+import subprocess
 import sys
 import tempfile
 import threading
@@ -63,6 +64,14 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
         "snapshot of a commit) instead of the installed package",
     )
     p.add_argument(
+        "--narwhal-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="change one Narwhal config key for this run (e.g. admission.sizing=estimate);"
+        " repeatable. The published report uses the defaults",
+    )
+    p.add_argument(
         "--profile",
         action="store_true",
         help="also profile Narwhal with py-spy (installed into --venv) under load",
@@ -92,9 +101,13 @@ def _start(
 ) -> systems.System:
     venv: Path = args.venv
     if name == "narwhal":
-        return systems.start_narwhal(name, engine_urls, 1, logdir, args.narwhal_src)
+        return systems.start_narwhal(
+            name, engine_urls, 1, logdir, args.narwhal_src, args.narwhal_set
+        )
     if name == "narwhal-2w":
-        return systems.start_narwhal(name, engine_urls, 2, logdir, args.narwhal_src)
+        return systems.start_narwhal(
+            name, engine_urls, 2, logdir, args.narwhal_src, args.narwhal_set
+        )
     anchor = next(a for a in anchors.ANCHORS if a.name == name)
     system = anchors.start(anchor, venv, engine_urls, logdir, request_for)
     system.version = f"{name} {ready[name]}"
@@ -119,12 +132,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     status: dict[str, str] = {}
     wanted_anchors = [n for n in names if not n.startswith("narwhal")]
     if wanted_anchors or args.profile:
-        status.update(anchors.ensure_venv(args.venv, _log))
+        try:
+            status.update(anchors.ensure_venv(args.venv, _log))
+        except (OSError, subprocess.SubprocessError) as exc:
+            status.update(
+                {n: f"not measured: no venv at {args.venv} ({exc})" for n in wanted_anchors}
+            )
     if args.profile and not (args.venv / "bin" / "py-spy").exists():
-        os.system(f"{shlex.quote(str(args.venv / 'bin' / 'python'))} -m pip install -q py-spy")
+        _log(f"installing py-spy into {args.venv} (PyPI)")
+        subprocess.run(
+            [str(args.venv / "bin" / "python"), "-m", "pip", "install", "-q", "py-spy"],
+            check=False,
+            timeout=600,
+        )
 
     phases: list[Phase] = []
     versions: dict[str, str] = {"direct": "no router"}
+    revision = _revision(args.narwhal_src)
     profiles: dict[str, pyspy.Profile] = {}
     started = time.time()
     engines = systems.start_engines(args.engines, sim, logdir, args.narwhal_src)
@@ -146,6 +170,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 versions[name] = f"not measured: {str(exc).splitlines()[0]}"
                 continue
             versions[name] = system.version
+            if name.startswith("narwhal"):
+                versions[name] += f" ({revision})"
             try:
                 plan = [(str(n), n) for n in loads]
                 if args.saturation:
@@ -208,6 +234,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     if errors:
         _log(f"{errors} errors (see the table and {logdir})")
     return 1 if errors or failed or not phases else 0
+
+
+def _revision(src: Path | None) -> str:
+    """Which Narwhal code ran: the commit, and whether the work tree differed from it."""
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(REPO), "status", "--porcelain", "--", "python", "rust"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return f"from {src}" if src else "installed package"
+    if src is not None:
+        return f"from {src}, a copy of commit {head}"
+    return f"commit {head}{' + uncommitted changes' if dirty else ''}"
 
 
 def _gates(phases: list[Phase]) -> list[gates.Gate]:

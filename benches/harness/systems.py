@@ -15,6 +15,7 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -204,7 +205,7 @@ def direct(engine_urls: Sequence[str]) -> System:
     return System("direct", [Target(u) for u in engine_urls], version="no router")
 
 
-def narwhal_config(engine_urls: Sequence[str]) -> dict[str, object]:
+def narwhal_config(engine_urls: Sequence[str]) -> dict[str, Any]:
     """Defaults everywhere (admission, limits, health), except what a test bed must say."""
     return {
         "model": MODEL,
@@ -216,10 +217,26 @@ def narwhal_config(engine_urls: Sequence[str]) -> dict[str, object]:
 
 
 def start_narwhal(
-    name: str, engine_urls: Sequence[str], workers: int, logdir: Path, src: Path | None = None
+    name: str,
+    engine_urls: Sequence[str],
+    workers: int,
+    logdir: Path,
+    src: Path | None = None,
+    overrides: Sequence[str] = (),
 ) -> System:
+    """Narwhal on defaults; ``overrides`` are ``section.key=value`` (YAML value) changes."""
+    config = narwhal_config(engine_urls)
+    for item in overrides:
+        dotted, _, raw = item.partition("=")
+        *parents, leaf = dotted.split(".")
+        nodes: list[dict[str, Any]] = [config]
+        for part in parents:  # a list (engines) applies the change to every entry
+            found = [n.setdefault(part, {}) for n in nodes]
+            nodes = [x for f in found for x in (f if isinstance(f, list) else [f])]
+        for node in nodes:
+            node[leaf] = yaml.safe_load(raw)
     path = logdir / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(narwhal_config(engine_urls)))
+    path.write_text(yaml.safe_dump(config))
     proc = Proc(
         name,
         [
