@@ -15,9 +15,12 @@ from collections.abc import Callable, Iterable
 
 from narwhal._narwhal_fast import Slot
 
-DECODE_CACHE_S = 0.02
+DECODE_CACHE_S = 0.1
 """How long a computed decode load is reused (it is a tie-breaker; tracks enter and leave
 it incrementally in between)."""
+CHAIN_CACHE_S = 0.001
+"""How long an unchanged prefill chain's end is reused (one admission and placement ask it
+once per engine each; placement, first tokens and releases invalidate it)."""
 
 
 class Demand:
@@ -118,8 +121,8 @@ class Track:
 class EngineLoad:
     """One engine's placed work in this process: its prefill chain and its decode book."""
 
-    __slots__ = ("_decode_at", "_decode_tokens", "_integral", "_integral_at", "anchor",
-                 "decode", "prefill")
+    __slots__ = ("_chain_at", "_chain_end", "_chain_version", "_decode_at", "_decode_tokens",
+                 "_integral", "_integral_at", "_version", "anchor", "decode", "prefill")
 
     def __init__(self) -> None:
         self.prefill: list[Track] = []  # in placement order
@@ -129,10 +132,15 @@ class EngineLoad:
         self._integral_at = -math.inf
         self._decode_tokens = 0.0
         self._decode_at = -math.inf
+        self._version = 0  # bumped whenever the prefill chain changes
+        self._chain_version = -1
+        self._chain_at = -math.inf
+        self._chain_end = 0.0
 
     # -- prefill
     def place(self, track: Track) -> None:
         self.prefill.append(track)
+        self._version += 1
 
     def prefill_wait(self, now: float) -> float:
         """Seconds until the prefill work placed on the engine is done (FIFO chain).
@@ -145,13 +153,20 @@ class EngineLoad:
         chain = self.prefill
         if not chain:
             return 0.0
-        live = [t for t in chain if t.in_prefill()]
-        if len(live) != len(chain):
-            self.prefill = chain = live
-        end = self.anchor
-        for t in chain:
-            end = max(max(end, t.placed_at) + t.cost_s, now)
-        return max(0.0, end - now)
+        if self._chain_version == self._version and 0.0 <= now - self._chain_at < CHAIN_CACHE_S:
+            end = self._chain_end
+        else:
+            live = [t for t in chain if t.in_prefill()]
+            if len(live) != len(chain):
+                self.prefill = chain = live
+            end = self.anchor
+            for t in chain:
+                start = t.placed_at if t.placed_at > end else end
+                end = start + t.cost_s
+                if end < now:
+                    end = now
+            self._chain_version, self._chain_at, self._chain_end = self._version, now, end
+        return end - now if end > now else 0.0
 
     def prefill_inflight(self) -> int:
         return sum(1 for t in self.prefill if t.in_prefill())
@@ -191,6 +206,7 @@ class EngineLoad:
             self._decode_tokens = max(0.0, self._decode_tokens - track.remaining)
 
     def _drop_prefill(self, track: Track) -> None:
+        self._version += 1
         with contextlib.suppress(ValueError):
             self.prefill.remove(track)
 
