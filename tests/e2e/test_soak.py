@@ -1,0 +1,219 @@
+"""Soak: saturation with faults mixed in. Every request is accounted for (client tallies equal
+the counter deltas), the invariant holds at every scrape, gauges end at zero, and router memory
+and descriptors stay flat after warm-up.
+
+Quick mode (30 s) runs in the default ``pytest``; ``NARWHAL_SOAK_S=600`` runs ten minutes and
+prints the figures (``-s`` shows them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from procs import MODEL, Proc, invariant_holds, metrics, start_sim
+from test_faults_engine import Leaks, client_fds, fault_router, gauges, port_of, rss_bytes
+
+SOAK_S = float(os.environ.get("NARWHAL_SOAK_S", "30"))
+WARMUP_S = min(60.0, max(10.0, SOAK_S / 5))
+CLIENTS = 12
+pytestmark = pytest.mark.timeout(SOAK_S + 180)
+
+# kind → (weight, prompt marker, stream, extra headers); the expected class follows the answer.
+KINDS: dict[str, tuple[int, str, bool, dict[str, str]]] = {
+    "stream": (30, "", True, {}),
+    "whole": (15, "", False, {}),
+    "leave": (8, "", True, {}),
+    "invalid": (5, "", False, {}),
+    "reset_mid": (4, "[[fault:reset_mid_stream:3]]", True, {}),
+    "http_500": (3, "[[fault:http_500]]", False, {}),
+    "malformed": (3, "[[fault:malformed_json:2]]", True, {}),
+    "bool_ids": (3, "[[fault:bool_ids:2]]", False, {}),
+    "error_event": (3, "[[fault:error_event:2]]", True, {}),
+    "hang_mid": (2, "[[fault:hang_mid_stream:2]]", True, {"x-request-timeout": "0.5"}),
+    "hang_head": (2, "[[fault:hang_before_headers]]", False, {"x-request-timeout": "0.5"}),
+    "engine_400": (2, "[[fault:http_400]]", True, {}),
+}
+CLASSES = ("rejected", "refused", "invalid_requests", "expired", "failed", "cancelled", "completed")
+
+
+def classify(raw: bytes) -> str:
+    """The terminal class an answer implies (what the router must have counted)."""
+    if not raw:
+        return "no_answer"
+    status = int(raw.split(b" ", 2)[1])
+    if status in (429, 503):
+        return "rejected"
+    if status in (400, 404, 413):
+        return "invalid_requests"
+    if status == 504:
+        return "expired"
+    if status == 502:
+        return "failed"
+    if status != 200:
+        return f"status_{status}"
+    if not raw.endswith(b"0\r\n\r\n") and b"content-length" not in raw[:1024].lower():
+        return "truncated"
+    if b'data: {"error": ' in raw:
+        return "expired" if b'"code": 504}' in raw else "failed"
+    return "completed"
+
+
+def one_request(base: str, rng: random.Random) -> tuple[str, str]:
+    kind = rng.choices(list(KINDS), weights=[w for w, *_ in KINDS.values()])[0]
+    _, marker, stream, headers = KINDS[kind]
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": f"soak {rng.randrange(1 << 30)} {marker}"}],
+        "max_tokens": 400 if kind == "leave" else rng.randint(4, 48),
+        "stream": stream,
+    }
+    data = b'{"model": broken' if kind == "invalid" else json.dumps(body).encode()
+    head = "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nconnection: close\r\n"
+    head += f"content-type: application/json\r\ncontent-length: {len(data)}\r\n"
+    head += "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
+    host, port = base[len("http://") :].split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(head.encode() + data)
+        if kind == "leave":
+            time.sleep(rng.uniform(0.0, 0.1))  # queued, in prefill or in decode
+            sock.setblocking(False)
+            try:
+                early = sock.recv(64)  # a refusal at arrival may already be here
+            except BlockingIOError:
+                early = b""
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00" * 2)
+            return kind, "rejected" if early.startswith((b"HTTP/1.1 429", b"HTTP/1.1 503")) else (
+                "left"
+            )
+        raw = b""
+        while chunk := sock.recv(65536):
+            raw += chunk
+    return kind, classify(raw)
+
+
+def test_soak(tmp_path: Path) -> None:
+    sims = [start_sim("--tpot-ms", "2", "--prefill-tokens-per-s", "100000") for _ in range(2)]
+    router: Proc | None = None
+    try:
+        engines = [
+            {"name": f"e{i}", "url": s.url, "dialect": "vllm", "max_prefill": 2, "max_decode": 4}
+            for i, s in enumerate(sims)
+        ]
+        router = fault_router(
+            tmp_path,
+            sims,
+            engines=engines,
+            serving={"http_retention_limit": 20},
+            admission={"mode": "open", "queue_limit": 6, "max_wait_s": 2},
+        )
+        figures = run_soak(router, sims)
+        print("\nsoak figures:", json.dumps(figures, indent=1))
+    finally:
+        if router is not None:
+            router.stop()
+        for s in sims:
+            s.stop()
+
+
+def run_soak(router: Proc, sims: list[Proc]) -> dict[str, object]:
+    pid = router.proc.pid
+    leaks = Leaks(router, sims)
+    engine_ports = {port_of(s.url) for s in sims}
+    start_metrics = metrics(router.url)
+    started = time.monotonic()
+    stop_at = started + SOAK_S
+    tally: Counter[str] = Counter()
+    kinds: Counter[str] = Counter()
+    lock = threading.Lock()
+    violations: list[str] = []
+    samples: list[tuple[float, int, int]] = []  # (elapsed, rss, client fds)
+    scrapes = 0
+
+    def client(seed: int) -> None:
+        rng = random.Random(seed)
+        while time.monotonic() < stop_at:
+            try:
+                kind, got = one_request(router.url, rng)
+            except OSError as exc:
+                kind, got = "error", type(exc).__name__
+            with lock:
+                tally[got] += 1
+                kinds[kind] += 1
+
+    def scraper() -> None:
+        nonlocal scrapes
+        last_sample = 0.0
+        while time.monotonic() < stop_at + 1:
+            m = metrics(router.url)
+            scrapes += 1
+            if not invariant_holds(m):
+                violations.append(json.dumps(m)[:3000])
+            now = time.monotonic() - started
+            if now - last_sample >= 1.0:
+                last_sample = now
+                samples.append((now, rss_bytes(pid), client_fds(pid, engine_ports)))
+            time.sleep(0.2)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(CLIENTS)]
+    threads.append(threading.Thread(target=scraper))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(SOAK_S + 60)
+    assert not any(t.is_alive() for t in threads), "a client hung"
+    end_metrics = leaks.check(timeout=15)
+
+    # zero lost requests: every answer was counted in the class it implies, nothing else
+    assert not violations, f"invariant broken in {len(violations)} scrapes: {violations[0]}"
+    assert set(tally) <= {*CLASSES, "left"}, tally
+
+    def counted(cls: str) -> float:
+        got = sum(v for k, v in end_metrics.items() if k.startswith(f"narwhal_{cls}_total"))
+        was = sum(v for k, v in start_metrics.items() if k.startswith(f"narwhal_{cls}_total"))
+        return got - was
+
+    for cls in ("refused", "invalid_requests", "expired", "failed", "completed"):
+        assert counted(cls) == tally[cls], (cls, counted(cls), tally)
+    # A client that left was cancelled, unless it was refused at arrival before the refusal
+    # reached it (then it is one more rejection).
+    assert counted("cancelled") + counted("rejected") == (
+        tally["cancelled"] + tally["left"] + tally["rejected"]
+    ), (counted("cancelled"), counted("rejected"), tally)
+    assert counted("rejected") >= tally["rejected"]
+    assert counted("cancelled") >= tally["cancelled"]
+    offered = end_metrics["narwhal_offered_total"] - start_metrics["narwhal_offered_total"]
+    assert offered == sum(tally.values())
+    assert not any(gauges(end_metrics).values())
+    for needed in ("completed", "failed", "expired", "left", "invalid_requests"):
+        assert tally[needed] > 0, (needed, tally)
+
+    # flat memory and descriptors after warm-up
+    after = [s for s in samples if s[0] >= WARMUP_S]
+    assert len(after) >= 5, samples
+    rss_warm = max(s[1] for s in after[:3])
+    rss_end = max(s[1] for s in after[-3:])
+    assert rss_end <= rss_warm * 1.10, (rss_warm, rss_end)
+    fds_warm = max(s[2] for s in after[:3])
+    assert max(s[2] for s in after) <= fds_warm + CLIENTS + 4, samples
+    return {
+        "seconds": SOAK_S,
+        "requests": sum(tally.values()),
+        "outcomes": dict(tally),
+        "kinds": dict(kinds),
+        "scrapes": scrapes,
+        "rss_start_mib": round(samples[0][1] / 2**20, 1),
+        "rss_after_warmup_mib": round(rss_warm / 2**20, 1),
+        "rss_end_mib": round(rss_end / 2**20, 1),
+        "rss_max_mib": round(max(s[1] for s in samples) / 2**20, 1),
+        "client_fds_start": samples[0][2],
+        "client_fds_max": max(s[2] for s in samples),
+        "client_fds_end": client_fds(pid, engine_ports),
+    }
