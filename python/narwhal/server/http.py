@@ -82,6 +82,8 @@ class HttpProtocol(asyncio.Protocol):
         self.timer: asyncio.TimerHandle | None = None
         self.closing = False
         self.reading_paused = False
+        self.running_next = False
+        self.failure: tuple[int, str] | None = None  # answered after the exchanges ahead of it
         # per request (being parsed)
         self.url = b""
         self.header_list: list[tuple[bytes, bytes]] = []
@@ -120,7 +122,8 @@ class HttpProtocol(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self._fail(400, "Protocol upgrades are not supported")
+            # The request itself was complete: answer it (ignoring the upgrade), then close.
+            self._stop_parsing(None)
         except httptools.HttpParserError:
             if self.discarding:
                 return
@@ -134,6 +137,8 @@ class HttpProtocol(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.flow.resume_writing()
+        if self.active is None and self.pending and not self.closing:
+            self._next()  # a pipelined exchange waited for the client to read
 
     # -- httptools callbacks ---------------------------------------------------------------
     def on_message_begin(self) -> None:
@@ -161,7 +166,7 @@ class HttpProtocol(asyncio.Protocol):
         if self.closing:
             return
         if self.active is None and not self.pending:
-            self._disarm()
+            self._arm(self.limits.header_timeout_s)  # the body must keep coming (idle timeout)
         parsed = httptools.parse_url(self.url)
         headers: dict[str, str] = {}
         for name, value in self.header_list:
@@ -200,6 +205,8 @@ class HttpProtocol(asyncio.Protocol):
         if request is None or self.discarding:
             return
         request.body_size += len(body)
+        if self.timer is not None:
+            self._arm(self.limits.header_timeout_s)
         if request.body_size > self.limits.max_request_bytes and request.early is None:
             request.early = self.app.on_body_too_large(request)
             request.keep_alive = False
@@ -225,7 +232,7 @@ class HttpProtocol(asyncio.Protocol):
 
     # -- exchanges -------------------------------------------------------------------------
     def _complete_request(self, request: Request) -> None:
-        if self.active is None:
+        if self.active is None and not self.pending and not self.flow.write_paused:
             self._run(request)
         else:
             self.pending.append(request)
@@ -270,13 +277,34 @@ class HttpProtocol(asyncio.Protocol):
             self.close()
             return
         if self.pending:
-            self._run(self.pending.popleft())
-            if self.reading_paused and len(self.pending) < _MAX_PIPELINED // 2:
-                self.reading_paused = False
-                if self.transport is not None and not self.discarding:
-                    self.transport.resume_reading()
+            # A client that does not read its answers gets no more of them (bounded memory):
+            # the next exchange starts when its buffer drains (resume_writing).
+            if not self.flow.write_paused:
+                self._next()
+        elif self.discarding:  # parsing stopped: every parsed request is answered
+            self._write_failure()
+            self.close()
         elif not self.closing:
             self._arm(self.limits.keepalive_timeout_s)
+
+    def _next(self) -> None:
+        """Run pipelined requests in order; read again once the pipeline is short.
+
+        A loop, not recursion: answers that complete at once (early refusals) would otherwise
+        nest one call per pipelined request and overflow the stack.
+        """
+        if self.running_next:
+            return  # the loop below, further up the stack, takes the next one
+        self.running_next = True
+        try:
+            while self.pending and self.active is None and not self.flow.write_paused:
+                self._run(self.pending.popleft())
+                if self.reading_paused and len(self.pending) < _MAX_PIPELINED // 2:
+                    self.reading_paused = False
+                    if self.transport is not None and not self.discarding:
+                        self.transport.resume_reading()
+        finally:
+            self.running_next = False
 
     # -- helpers ---------------------------------------------------------------------------
     def transport_write(self, data: bytes) -> None:
@@ -284,30 +312,47 @@ class HttpProtocol(asyncio.Protocol):
             self.transport.write(data)
 
     def _fail(self, status: int, message: str) -> None:
-        """An HTTP-level error: answer (in order, if possible) and close."""
-        if self.closing:
+        """An HTTP-level error: answer the requests ahead of it, then this error, and close."""
+        self._stop_parsing((status, message))
+
+    def _stop_parsing(self, failure: tuple[int, str] | None) -> None:
+        """Read no more: requests already parsed are answered in order, then ``failure`` (if
+        any) goes out and the connection closes."""
+        if self.closing or self.discarding:
             return
         if self.current is not None:
             self.app.on_abandon(self.current)
             self.current = None
         self.discarding = True
+        self.failure = failure
+        if self.transport is not None:
+            self.transport.pause_reading()
         if self.active is None and not self.pending:
-            from narwhal.server.responses import error_body
+            self._write_failure()
+            self.close()
+        elif failure is None and not self.pending and self.active is not None:
+            self.active._keep_alive = False  # its head says close, if it has not gone out
 
-            code = "header_too_large" if status == 431 else "bad_request"
-            body = error_body(message, "invalid_request_error", None, code)
-            self.transport_write(
-                b"".join(
-                    (
-                        STATUS_LINES[status],
-                        b"content-type: application/json\r\ncontent-length: ",
-                        str(len(body)).encode(),
-                        b"\r\nconnection: close\r\n\r\n",
-                        body,
-                    )
+    def _write_failure(self) -> None:
+        failure, self.failure = self.failure, None
+        if failure is None:
+            return
+        from narwhal.server.responses import error_body
+
+        status, message = failure
+        code = "header_too_large" if status == 431 else "bad_request"
+        body = error_body(message, "invalid_request_error", None, code)
+        self.transport_write(
+            b"".join(
+                (
+                    STATUS_LINES[status],
+                    b"content-type: application/json\r\ncontent-length: ",
+                    str(len(body)).encode(),
+                    b"\r\nconnection: close\r\n\r\n",
+                    body,
                 )
             )
-        self.close()
+        )
 
     def _arm(self, delay: float) -> None:
         self._disarm()
