@@ -19,7 +19,7 @@ from procs import MODEL, Proc, get_json, metrics, router_config, start_router, s
 
 pytestmark = pytest.mark.timeout(60)
 
-RATE, OVERHEAD, TPOT, OUTPUT = 5000.0, 0.020, 0.008, 32  # the simulator's truth
+RATE, OVERHEAD, TPOT, OUTPUT = 5000.0, 0.040, 0.015, 16  # the simulator's truth
 
 
 def stream(base: str, prompt_tokens: int, max_tokens: int = 128) -> tuple[float, int]:
@@ -57,6 +57,14 @@ def sim_received(sim: Proc) -> int:
     return int(get_json(sim.url + "/sim/stats")["received"])
 
 
+def ready(proc: Proc) -> Proc:
+    """Wait until the router has an eligible (healthy and profiled) engine."""
+    deadline = time.monotonic() + 15
+    while get_json(proc.url + "/ready") != {"ready": True} and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return proc
+
+
 def wait_for(predicate: Any, timeout: float = 10.0) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -80,7 +88,7 @@ def sim() -> Iterator[Proc]:
 
 @pytest.fixture(scope="module")
 def router(sim: Proc, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
-    proc = start_router(tmp_path_factory.mktemp("learning"), router_config([sim.url]))
+    proc = ready(start_router(tmp_path_factory.mktemp("learning"), router_config([sim.url])))
     try:
         yield proc
     finally:
@@ -126,21 +134,21 @@ def test_projected_ttft_matches_the_measured_one_under_a_burst(router: Proc) -> 
 
 def test_tpot_scoring_and_output_length_learning(router: Proc) -> None:
     for _ in range(8):
-        _, events = stream(router.url, 50, max_tokens=128)
+        _, events = stream(router.url, 50, max_tokens=64)
         assert events == OUTPUT  # the simulator stops at --output-len
     got = learned(router.url)
     assert got["tpot_s"] == pytest.approx(TPOT, rel=0.2)
     assert got["drift_tpot"] < 0.2
     completion = got["output_length"]["completion"]
     assert completion["samples"] >= 8
-    # 32 of at most 128: a quarter (the prior of one half still weighs a little)
-    assert completion["ratio_of_max"]["mean"] == pytest.approx(OUTPUT / 128, rel=0.2)
+    # 16 of at most 64: a quarter (the prior of one half still weighs a little)
+    assert completion["ratio_of_max"]["mean"] == pytest.approx(OUTPUT / 64, rel=0.2)
     assert completion["ratio_of_max"]["p50"] == pytest.approx(0.25)
 
 
 def test_runtime_tpot_change_shows_as_drift_and_the_model_follows(tmp_path: Path) -> None:
     sim = start_sim("--tpot-ms", "4", "--prefill-tokens-per-s", "50000", "--output-len", "24")
-    router = start_router(tmp_path, router_config([sim.url]))
+    router = ready(start_router(tmp_path, router_config([sim.url])))
     try:
         assert learned(router.url)["tpot_s"] == pytest.approx(0.004, rel=0.2)
         sim_config(sim, tpot_ms=16.0)  # the engine slows down 4x
@@ -168,7 +176,7 @@ def test_runtime_tpot_change_shows_as_drift_and_the_model_follows(tmp_path: Path
 
 def test_runtime_prefill_change_shows_as_drift_and_reprofiles(tmp_path: Path) -> None:
     sim = start_sim("--tpot-ms", "2", "--prefill-tokens-per-s", "20000", "--output-len", "4")
-    router = start_router(tmp_path, router_config([sim.url]))
+    router = ready(start_router(tmp_path, router_config([sim.url])))
     try:
         assert learned(router.url)["prefill_tokens_per_s"] == pytest.approx(20000, rel=0.2)
         sim_config(sim, prefill_tokens_per_s=4000.0)  # prefill 5x slower
@@ -197,14 +205,14 @@ def test_learned_state_survives_a_restart_without_reprofiling(tmp_path: Path) ->
     state = tmp_path / "state.json"
     config = router_config([sim.url], state_file=str(state))
     try:
-        first = start_router(tmp_path, config)
+        first = ready(start_router(tmp_path, config))
         before = learned(first.url)
         first.stop()
         saved = json.loads(state.read_text())["learned"]
         assert saved["engines"]["e0"]["prefill_tokens_per_s"] == \
             pytest.approx(before["prefill_tokens_per_s"], rel=1e-5)  # /engines shows 6 digits
         probes = sim_received(sim)
-        second = start_router(tmp_path, config)
+        second = ready(start_router(tmp_path, config))
         try:
             restored = learned(second.url)
             assert restored["profile"]["reason"] == "restored"
@@ -221,14 +229,15 @@ def test_learned_state_survives_a_restart_without_reprofiling(tmp_path: Path) ->
 
 
 def test_workers_take_turns_and_share_one_profile(tmp_path: Path) -> None:
-    """Two worker processes, one engine: one profile (six probes) between them, the other
-    worker adopts it, and both report the same model within 20% of the truth."""
+    """Two worker processes, one engine: one profile between them (a warm-up, 16 to 1024
+    twice as they are cheap, 2048 once: ten probes), the other worker adopts it, and both
+    report the same model within 20% of the truth."""
     sim = start_sim("--tpot-ms", "5", "--prefill-tokens-per-s", "5000",
                     "--prefill-overhead-ms", "20")
     config = router_config([sim.url], state_file=str(tmp_path / "state.json"))
-    router = start_router(tmp_path, config, "--workers", "2")
+    router = ready(start_router(tmp_path, config, "--workers", "2"))
     try:
-        assert sim_received(sim) == 6  # a warm-up and five probe lengths, once
+        assert 8 <= sim_received(sim) <= 11  # one profile (a busy host may skip a repeat)
         seen = {learned(router.url)["prefill_tokens_per_s"] for _ in range(8)}
         assert len(seen) == 1
         assert seen.pop() == pytest.approx(5000, rel=0.2)

@@ -115,8 +115,10 @@ def test_profile_fits_the_engine_and_probes_are_well_formed() -> None:
         assert profile.prefill.overhead_s == pytest.approx(0.02, rel=0.2)
         assert profile.tpot_s == pytest.approx(0.005, rel=0.2)
         lengths = [len(r["prompt"]) for r in fake.requests]
-        assert lengths == [16, 16, 64, 256, 1024, 2048]  # a warm-up, then the ladder
+        # a warm-up, then the ladder; lengths predicted under 0.3 s are probed twice
+        assert lengths == [16, 16, 16, 64, 64, 256, 256, 1024, 1024, 2048, 2048]
         first = fake.requests[1]
+        assert fake.requests[1]["prompt"] != fake.requests[2]["prompt"]
         assert first["stream"] is True and first["return_token_ids"] is True
         assert first["stream_interval"] == 1 and first["max_tokens"] == 8
         assert first["model"] == MODEL and first["ignore_eos"] is True
@@ -136,7 +138,7 @@ def test_slow_engine_skips_probes_over_the_cap() -> None:
         finally:
             await learning.engines[0].client.close()
             await fake.close()
-        assert [len(r["prompt"]) for r in fake.requests] == [16, 16, 64, 256]
+        assert [len(r["prompt"]) for r in fake.requests] == [16, 16, 16, 64, 64, 256, 256]
         assert profile.prefill.tokens_per_s == pytest.approx(1000.0, rel=0.1)
 
     run(main)
