@@ -101,8 +101,18 @@ class Supervisor:
             if self.dirty and time.monotonic() - self._saved_at >= SAVE_INTERVAL_S:
                 await self._save_soon()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), TICK_S)
+                await asyncio.wait_for(wake.wait(), self._next_tick())
             wake.clear()
+
+    def _next_tick(self) -> float:
+        """Seconds to sleep: a tick, or less when a due re-profile becomes allowed sooner."""
+        now = time.monotonic()
+        wait = TICK_S
+        for learned in self.learning.learned:
+            if learned.due is not None and not learned.profiling:
+                allowed = max(learned.retry_at, learned.profiled_mono + REPROFILE_MIN_INTERVAL_S)
+                wait = min(wait, max(0.01, allowed - now))
+        return wait
 
     def _kick(self) -> None:
         now = time.monotonic()
