@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import profile as pyspy
+from . import profiling as pyspy
 from .measure import Phase
 from .systems import SimSettings
 
@@ -320,7 +320,27 @@ def _profile_section(profiles: dict[str, pyspy.Profile]) -> list[str]:
     return out
 
 
-def markdown(fig: dict[str, Any], profiles: dict[str, pyspy.Profile]) -> str:
+def _stages_section(stage_rows: tuple[str, list[tuple[str, int, list[float]]]]) -> list[str]:
+    label, rows = stage_rows
+    out = [
+        "#### Inside Narwhal: arrival to first token (benches/harness/stages.py)",
+        "",
+        f"An extra run with timing probes, {label}. Times in ms (uvloop's clock ticks in 1 ms).",
+        "",
+        "| stage | count | p50 | p90 | p99 | mean |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, count, q in rows:
+        cells = " | ".join(f"{x:.2f}" for x in q) if q else "- | - | - | -"
+        out.append(f"| {name} | {count} | {cells} |")
+    return [*out, ""]
+
+
+def markdown(
+    fig: dict[str, Any],
+    profiles: dict[str, pyspy.Profile],
+    stage_rows: tuple[str, list[tuple[str, int, list[float]]]] | None = None,
+) -> str:
     w = fig["workload"]
     versions = ", ".join(f"{n}: {s['version']}" for n, s in fig["systems"].items())
     lines = [
@@ -355,6 +375,8 @@ def markdown(fig: dict[str, Any], profiles: dict[str, pyspy.Profile]) -> str:
     target_rows = _targets(fig) if not w["quick"] else []
     if len(target_rows) > 2:
         lines += ["#### Targets (issue 7)", "", *target_rows, ""]
+    if stage_rows:
+        lines += _stages_section(stage_rows)
     if profiles:
         lines += _profile_section(profiles)
     lines.append(END)

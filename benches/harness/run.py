@@ -20,12 +20,13 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from . import anchors, gates, loadgen, measure, report, systems
-from . import profile as pyspy
+from . import anchors, gates, loadgen, measure, report, stages, systems
+from . import profiling as pyspy
 from .measure import Phase
 
 REPO = Path(__file__).resolve().parents[2]
 SYSTEMS = ("narwhal", "narwhal-2w", "vllm-router", "sglang-router", "litellm")
+GATED_MAX_STREAMS = 64  # above it this 2-core host saturates: figures there are not gated
 QUICK = dict(
     streams="1,8", warmup=0.3, duration=0.5, ttft_ms=5, tpot_ms=1.0, systems="narwhal", saturation=0
 )
@@ -74,7 +75,13 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--profile",
         action="store_true",
-        help="also profile Narwhal with py-spy (installed into --venv) under load",
+        help="also profile Narwhal with py-spy (installed into --venv) and perf under load",
+    )
+    p.add_argument(
+        "--stages",
+        action="store_true",
+        help="also time the stages from arrival to first token inside Narwhal at the largest "
+        "load (benches/harness/stages.py)",
     )
     p.add_argument("--out-md", type=Path, help="Markdown report (default: none)")
     p.add_argument("--out-json", type=Path, help="JSON figures (default: none)")
@@ -150,6 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     versions: dict[str, str] = {"direct": "no router"}
     revision = _revision(args.narwhal_src)
     profiles: dict[str, pyspy.Profile] = {}
+    stage_rows: tuple[str, list[tuple[str, int, list[float]]]] | None = None
     started = time.time()
     engines = systems.start_engines(args.engines, sim, logdir, args.narwhal_src)
     engine_urls = [e.url for e in engines]
@@ -202,6 +210,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     profiles.update(_profile(system, engine_urls, engine_pids, sim, args, logdir))
             finally:
                 system.stop()
+            if args.stages and name == "narwhal":
+                stage_rows = _stages(engine_urls, engine_pids, sim, args, logdir)
     finally:
         for e in engines:
             e.stop()
@@ -223,7 +233,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.out_json:
         args.out_json.write_text(json.dumps(figures, indent=2, sort_keys=False) + "\n")
         _log(f"wrote {args.out_json}")
-    markdown = report.markdown(figures, profiles)
+    markdown = report.markdown(figures, profiles, stage_rows)
     if args.out_md:
         args.out_md.write_text(report.splice(args.out_md, markdown))
         _log(f"wrote {args.out_md}")
@@ -256,15 +266,39 @@ def _revision(src: Path | None) -> str:
     except (OSError, subprocess.SubprocessError):
         return f"from {src}" if src else "installed package"
     if src is not None:
-        return f"from {src}, a copy of commit {head}"
+        changed = _differs_from_head(src)
+        extra = f" + {changed} files changed from it" if changed else ""
+        return f"code copied to {src}: commit {head}{extra}"
     return f"commit {head}{' + uncommitted changes' if dirty else ''}"
+
+
+def _differs_from_head(src: Path) -> int | str:
+    """How many .py files under ``src`` (a copy of python/) differ from HEAD's python/."""
+    try:
+        tree = subprocess.run(
+            ["git", "-C", str(REPO), "ls-tree", "-r", "HEAD", "python"],
+            capture_output=True, text=True, timeout=10, check=True,
+        ).stdout  # fmt: skip
+        blobs = {line.split("\t")[1]: line.split()[2] for line in tree.splitlines()}
+        files = sorted(p for p in src.rglob("*.py") if "__pycache__" not in p.parts)
+        hashed = subprocess.run(
+            ["git", "hash-object", "--stdin-paths"],
+            input="\n".join(str(p) for p in files), capture_output=True, text=True,
+            timeout=30, check=True,
+        ).stdout.split()  # fmt: skip
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return "?"
+    return sum(
+        blobs.get("python/" + str(p.relative_to(src))) != h
+        for p, h in zip(files, hashed, strict=True)
+    )
 
 
 def _gates(phases: list[Phase]) -> list[gates.Gate]:
     """The regression gates on every load Narwhal ran (saturation excluded)."""
     failed: list[gates.Gate] = []
     for p in phases:
-        if p.system != "narwhal" or p.load == "saturation":
+        if p.system != "narwhal" or not p.load.isdigit() or int(p.load) > GATED_MAX_STREAMS:
             continue
         d = next((x for x in phases if x.paired_with == "narwhal" and x.load == p.load), None)
         if d is None:
@@ -274,6 +308,41 @@ def _gates(phases: list[Phase]) -> list[gates.Gate]:
             if not gate.ok:
                 failed.append(gate)
     return failed
+
+
+def _stages(
+    engine_urls: list[str],
+    engine_pids: list[int],
+    sim: systems.SimSettings,
+    args: argparse.Namespace,
+    logdir: Path,
+) -> tuple[str, list[tuple[str, int, list[float]]]]:
+    """One extra phase at the largest load with Narwhal under stages.py's timing probes."""
+    out = logdir / "stages.tsv"
+    system = systems.start_narwhal(
+        "narwhal-stages",
+        engine_urls,
+        1,
+        logdir,
+        args.narwhal_src,
+        args.narwhal_set,
+        env={"NARWHAL_STAGES": str(out)},
+        launcher=(str(Path(stages.__file__).resolve()),),
+    )
+    top = max(int(s) for s in args.streams.split(","))
+    try:
+        measure.settle()
+        phase = measure.run(
+            system, engine_pids, sim, load=str(top), streams=top,
+            warmup_s=args.warmup, duration_s=args.duration,
+        )  # fmt: skip
+        _log("stages run (probes on): " + report.one_line(phase))
+    finally:
+        system.stop()
+    label = (
+        f"{top} streams: client TTFT p50 {phase.ttft_p50_ms:.1f} ms, p99 {phase.ttft_p99_ms:.1f} ms"
+    )
+    return label, stages.read(str(out))
 
 
 def _profile(

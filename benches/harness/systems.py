@@ -223,8 +223,13 @@ def start_narwhal(
     logdir: Path,
     src: Path | None = None,
     overrides: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    launcher: Sequence[str] = ("-m", "narwhal"),
 ) -> System:
-    """Narwhal on defaults; ``overrides`` are ``section.key=value`` (YAML value) changes."""
+    """Narwhal on defaults; ``overrides`` are ``section.key=value`` (YAML value) changes.
+
+    ``launcher`` replaces ``-m narwhal`` (``stages.py`` runs it with timing probes).
+    """
     config = narwhal_config(engine_urls)
     for item in overrides:
         dotted, _, raw = item.partition("=")
@@ -239,18 +244,9 @@ def start_narwhal(
     path.write_text(yaml.safe_dump(config))
     proc = Proc(
         name,
-        [
-            sys.executable,
-            "-m",
-            "narwhal",
-            "serve",
-            "--config",
-            str(path),
-            "--workers",
-            str(workers),
-        ],
+        [sys.executable, *launcher, "serve", "--config", str(path), "--workers", str(workers)],
         logdir / f"{name}.log",
-        env=narwhal_env(src),
+        env={**(narwhal_env(src) or {}), **(env or {})},
     )
     url = url_in(proc.wait_line("narwhal serving", 30))
     from narwhal import __version__
