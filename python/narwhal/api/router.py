@@ -17,6 +17,7 @@ from narwhal.admission.gate import AdmissionQueue, Deadlines
 from narwhal.admission.sizing import Sizer, make_sizer
 from narwhal.admission.validate import parse_request
 from narwhal.api.admin import AdminApi
+from narwhal.api.auth import PROTECTED_ROUTES, ClientAuth
 from narwhal.api.metrics import BoardCollector, render
 from narwhal.config import Config
 from narwhal.errors import Refusal
@@ -49,6 +50,9 @@ class RequestContext:
         self.prompt_tokens = 0
 
 
+_AUTH_MESSAGE = "A valid API key is required (Authorization: Bearer <key>)."
+
+
 def _early(ref: Refusal, *, close: bool = False) -> EarlyResponse:
     status, headers, body = refusal_response(ref)
     return EarlyResponse(status, body, headers, close=close)
@@ -78,6 +82,8 @@ class Router:
         self.state = RouterState(config, self.engines, self.health)
         self.learning = Learning(self.engines)
         self.admin = AdminApi(self)
+        keys = config.auth.api_keys
+        self.auth = ClientAuth(keys) if keys is not None else None
         self.collector = BoardCollector(
             board, lambda: [e.name for e in self.engines], extra=self._metric_families
         )
@@ -134,6 +140,13 @@ class Router:
 
     # -- App protocol ----------------------------------------------------------------------
     def on_headers(self, request: Request) -> None:
+        # Refused before accounting: a request without a valid client key is not a
+        # completion the router takes (not offered, not counted).
+        auth = self.auth
+        if auth and request.path in PROTECTED_ROUTES and not auth.allows(
+            request.headers.get("authorization")
+        ):
+            raise _early(Refusal("unauthorized", _AUTH_MESSAGE))
         route = COMPLETION_ROUTES.get(request.path)
         if route is None or request.method != "POST":
             return

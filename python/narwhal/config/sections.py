@@ -140,6 +140,24 @@ class Admin:
 
 
 @dataclass(frozen=True, slots=True)
+class Auth:
+    """Client API keys: on when ``api_keys_env`` names a variable of comma-separated keys."""
+
+    api_keys_env: str | None = field(
+        default=None, metadata=rule(str, optional=True, check=env_name)
+    )
+
+    @property
+    def api_keys(self) -> tuple[str, ...] | None:
+        """None: client auth off. Otherwise the keys; empty (refuse every request) when the
+        variable is unset or empty, so a missing secret fails closed."""
+        if self.api_keys_env is None:
+            return None
+        raw = os.environ.get(self.api_keys_env, "")
+        return tuple(key.strip() for key in raw.split(",") if key.strip())
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     """The whole configuration."""
 
@@ -153,13 +171,20 @@ class Config:
     health: Health = field(default_factory=Health, metadata=rule(Health))
     ha: HA = field(default_factory=HA, metadata=rule(HA))
     admin: Admin = field(default_factory=Admin, metadata=rule(Admin))
+    auth: Auth = field(default_factory=Auth, metadata=rule(Auth))
     tokenizer: str | None = field(default=None, metadata=rule(str, optional=True))
     state_file: str | None = field(default=None, metadata=rule(str, optional=True))
 
     def missing_secrets(self) -> tuple[str, ...]:
         """Engine key variables the file names but the environment leaves unset or empty."""
-        return tuple(
+        missing = tuple(
             f"engines[{i}].api_key_env: {e.api_key_env} is unset or empty"
             for i, e in enumerate(self.engines)
             if e.api_key_env is not None and e.api_key is None
         )
+        if self.auth.api_keys == ():
+            missing += (
+                f"auth.api_keys_env: {self.auth.api_keys_env} is unset or empty; "
+                "every request to a protected route is refused (401)",
+            )
+        return missing
