@@ -97,7 +97,7 @@ def test_minimal_file_takes_every_default() -> None:
         write_buffer_high_bytes=262144,
     )
     assert config.admission == Admission(
-        mode="open", queue_limit=1024, max_wait_s=10.0, ttft_budget_s=2.0
+        mode="predictive", queue_limit=1024, max_wait_s=10.0, ttft_budget_s=2.0
     )
     assert config.engines == (
         EngineConfig(

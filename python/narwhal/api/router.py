@@ -14,6 +14,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from narwhal._narwhal_fast import Board, Ticket
 from narwhal.admission.gate import AdmissionQueue, Deadlines
+from narwhal.admission.predictive import PredictiveAdmission
 from narwhal.admission.sizing import Sizer, make_sizer
 from narwhal.admission.validate import parse_request
 from narwhal.api.admin import AdminApi
@@ -71,7 +72,13 @@ class Router:
                 headers.append((b"authorization", f"Bearer {engine_config.api_key}".encode()))
             client = EngineClient(engine_config.url, headers=headers)
             self.engines.append(Engine(index, engine_config, client))
-        self.scheduler = Scheduler(self.engines, board)
+        self.learning = Learning(self.engines, config, shared_path=board.path)
+        self.scheduler = Scheduler(
+            self.engines, board, self.learning, policy=config.scheduling.policy,
+            predictive=config.admission.mode == "predictive",
+            prefix_chars=config.scheduling.affinity_prefix_chars,
+        )
+        self.predictive = PredictiveAdmission(config.admission, self.learning, self.scheduler)
         self.queue = AdmissionQueue(
             self.scheduler, config.admission.queue_limit, config.admission.max_wait_s
         )
@@ -80,7 +87,7 @@ class Router:
         )
         self.health = HealthMonitor(self.engines, config.health, self._engine_changed)
         self.state = RouterState(config, self.engines, self.health)
-        self.learning = Learning(self.engines)
+        self.learning.on_profiled = self._engine_changed
         self.admin = AdminApi(self)
         keys = config.auth.api_keys
         self.auth = ClientAuth(keys) if keys is not None else None
@@ -98,9 +105,11 @@ class Router:
         await self.health.probe_all()
         self.health.start()
         await self.state.start()
+        await self.learning.start()
         self.started = True
 
     async def stop(self) -> None:
+        await self.learning.stop()
         await self.state.stop()
         await self.health.stop()
         await asyncio.gather(*(e.client.close() for e in self.engines))
@@ -118,6 +127,7 @@ class Router:
 
     def _engine_changed(self, engine: Engine) -> None:
         self.board.set_engine_up(engine.index, engine.serves())
+        self.learning.engine_changed(engine)
         if engine.serves():
             self.queue.kick()
 
@@ -161,11 +171,13 @@ class Router:
             ticket.finish(ref.row.counter or "rejected", code)
             raise _early(ref)
         length = request.headers.get("content-length")
-        if length is not None and length.isdigit():
-            if int(length) > self.config.serving.max_request_bytes:
-                ref = Refusal("request_too_large")
-                ticket.finish("invalid_requests", "request_too_large")
-                raise _early(ref, close=True)
+        if (
+            length is not None
+            and length.isdigit()
+            and int(length) > self.config.serving.max_request_bytes
+        ):
+            ticket.finish("invalid_requests", "request_too_large")
+            raise _early(Refusal("request_too_large"), close=True)
 
     def on_body_too_large(self, request: Request) -> EarlyResponse:
         ref = Refusal("request_too_large")
@@ -210,9 +222,11 @@ class Router:
             deadlines = Deadlines.from_headers(
                 request.headers, ctx.arrival, self.config.serving.request_timeout_s
             )
+            demand = self.predictive.admit(parsed, ctx.prompt_tokens)
             if not self.scheduler.eligible():
                 raise Refusal("backend_unavailable")
-            placement, waited = await self.queue.place(ticket, deadlines)
+            with demand:
+                placement, waited = await self.queue.place(ticket, deadlines)
             self.board.observe("queue_wait", waited)
             relay = Relay(self, ctx, parsed, placement, responder, deadlines)
             outcome = await relay.run()

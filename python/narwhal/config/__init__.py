@@ -17,6 +17,8 @@ from narwhal.config.sections import (
     Lease,
     LeaseBackend,
     Listen,
+    PlacementPolicy,
+    Scheduling,
     Serving,
 )
 
@@ -37,6 +39,8 @@ __all__ = [
     "Lease",
     "LeaseBackend",
     "Listen",
+    "PlacementPolicy",
+    "Scheduling",
     "Serving",
     "demo_config",
     "load_config",

@@ -20,6 +20,7 @@ from narwhal.config.schema import (
 Dialect = Literal["vllm", "sglang", "openai"]
 EngineRole = Literal["mixed", "prefill", "decode"]
 AdmissionMode = Literal["open", "predictive"]
+PlacementPolicy = Literal["lowest_ttft", "prefix_affinity", "least_loaded"]
 HARole = Literal["active", "standby"]
 LeaseBackend = Literal["none", "redis"]
 SizingMode = Literal["auto", "tokenizer", "engine", "estimate"]
@@ -58,12 +59,24 @@ class Serving:
 class Admission:
     """Admission policy: open, or predictive against a TTFT budget."""
 
-    # "open" until the learned latency model lands; then the default becomes "predictive".
-    mode: AdmissionMode = field(default="open", metadata=rule(str, choices=get_args(AdmissionMode)))
+    mode: AdmissionMode = field(
+        default="predictive", metadata=rule(str, choices=get_args(AdmissionMode))
+    )
     queue_limit: int = field(default=1024, metadata=rule(int, ge=0))
     max_wait_s: float = field(default=10.0, metadata=rule(float, gt=0))
     ttft_budget_s: float = field(default=2.0, metadata=rule(float, gt=0))
     sizing: SizingMode = field(default="auto", metadata=rule(str, choices=get_args(SizingMode)))
+    drift_threshold: float = field(default=0.5, metadata=rule(float, gt=0))
+
+
+@dataclass(frozen=True, slots=True)
+class Scheduling:
+    """Placement: the policy that picks an engine among the eligible ones."""
+
+    policy: PlacementPolicy = field(
+        default="lowest_ttft", metadata=rule(str, choices=get_args(PlacementPolicy))
+    )
+    affinity_prefix_chars: int = field(default=256, metadata=rule(int, ge=1))
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +178,7 @@ class Config:
     listen: Listen = field(default_factory=Listen, metadata=rule(Listen))
     serving: Serving = field(default_factory=Serving, metadata=rule(Serving))
     admission: Admission = field(default_factory=Admission, metadata=rule(Admission))
+    scheduling: Scheduling = field(default_factory=Scheduling, metadata=rule(Scheduling))
     engines: tuple[EngineConfig, ...] = field(
         default=(), metadata=rule(EngineConfig, required=True, many=True, max_items=MAX_ENGINES)
     )

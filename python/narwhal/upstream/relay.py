@@ -72,6 +72,7 @@ class Relay:
         self.parsed = parsed
         self.engine = placement.engine
         self.prefill: Slot | None = placement.prefill
+        self.track = placement.track
         self.decode: Slot | None = None
         self.phase: str | None = "prefill"
         self.responder = responder
@@ -166,12 +167,13 @@ class Relay:
 
     def _switch_engine(self) -> bool:
         """Move to another eligible engine for the single retry."""
-        placement = self.router.scheduler.try_place(exclude=self.engine)
+        placement = self.router.scheduler.try_place(exclude=self.engine, demand=self.track.demand)
         if placement is None:
             return False
         self._release()
         self.engine = placement.engine
         self.prefill = placement.prefill
+        self.track = placement.track
         self.phase = "prefill"
         self.session = None
         return True
@@ -193,6 +195,7 @@ class Relay:
             return
         out, tokens, state = session.feed(data)
         if tokens:
+            self.track.tokens += tokens
             now = self.loop.time()
             if self.first_token_at is None:
                 self._first_token(now)
@@ -210,9 +213,7 @@ class Relay:
     def _first_token(self, now: float) -> None:
         self.first_token_at = now
         self.router.board.observe("ttft", now - self.ctx.arrival)
-        self.router.learning.on_first_token(
-            self.engine, self.ctx.prompt_tokens, now - self.dispatched_at
-        )
+        self.router.learning.on_first_token(self.track, now)
         if self.phase == "prefill" and self.prefill is not None:
             self.prefill.release()
             self.prefill = None
@@ -226,7 +227,9 @@ class Relay:
         if state == _DONE:
             if self.parsed.stream:
                 self.responder.end()
-                self._finish("completed", None)
+                # An engine's own mid-stream error event was relayed as it was sent.
+                failed = session.engine_error is not None
+                self._finish(*(("failed", "engine_error") if failed else ("completed", None)))
                 return
             try:
                 body = session.finish()
@@ -243,7 +246,9 @@ class Relay:
     def _on_end(self, exc: BaseException | None) -> None:
         if self.outcome is not None:
             return
-        message = "The engine stream ended early" if exc is None else f"The engine stream failed: {exc}"
+        message = (
+            "The engine stream ended early" if exc is None else f"The engine stream failed: {exc}"
+        )
         self._fail_stream("engine_error", message)
 
     # -- endings ---------------------------------------------------------------------------
@@ -331,7 +336,9 @@ class Relay:
         if not self.responder.started:
             self._refuse(ref)
         else:
-            late = Refusal("deadline_expired", "The request deadline passed during the response.")
+            late = Refusal(
+                "deadline_expired", "Terminal expiry: the request deadline passed mid-response."
+            )
             self.responder.write(midstream_error_event(late))
             self.responder.end()
             self._finish("expired", "deadline_expired")
@@ -348,6 +355,7 @@ class Relay:
                 self.decode.release()
             scheduler.leave(self.engine, "decode")
         self.prefill = self.decode = None
+        self.router.learning.release(self.track)
         self.responder.set_flow_listener(None, None)
         if phase is not None:
             self.router.queue.capacity_freed()
@@ -365,7 +373,6 @@ class Relay:
         decode_s = self.last_token_at - self.first_token_at
         if tokens > 1 and decode_s > 0:
             board.observe("tpot", decode_s / (tokens - 1))
-        if self.outcome == ("completed", None):
-            self.router.learning.on_end(
-                self.engine, self.parsed.route, self.parsed.max_tokens, tokens, decode_s
-            )
+        self.router.learning.on_end(
+            self.track, self.last_token_at, completed=self.outcome == ("completed", None)
+        )
