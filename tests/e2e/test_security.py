@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import signal
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import openai
@@ -198,3 +199,22 @@ def test_no_secret_in_answers_metrics_or_logs(fleet: tuple[Proc, Proc]) -> None:
     for secret in SECRETS:
         assert secret not in log, secret
     assert sim_stats(sim)["received"] > 0
+
+
+def test_a_named_but_empty_key_variable_fails_closed(tmp_path: Path) -> None:
+    sim = start_sim("--tpot-ms", "1")
+    cfg = router_config(
+        [sim.url], admission={"mode": "open"}, auth={"api_keys_env": "SEC_UNSET_KEYS"}
+    )
+    router = start_router(tmp_path, cfg, env={"SEC_UNSET_KEYS": " , "})
+    try:
+        status, _, raw = post(router, chat("hi", stream=False), AUTH)
+        assert status == 401, raw
+        assert http(router.url, "GET", "/v1/models", None, {"authorization": "Bearer "})[0] == 401
+        assert http(router.url, "GET", "/health")[0] == 200
+        assert any(
+            "auth.api_keys_env: SEC_UNSET_KEYS is unset or empty" in line for line in router.lines
+        )
+    finally:
+        router.stop()
+        sim.stop()
