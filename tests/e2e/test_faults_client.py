@@ -4,6 +4,7 @@ pauses the engine stream (bounded router memory) and gets every token when it re
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import time
@@ -202,3 +203,30 @@ def test_slow_reader_pauses_the_engine_and_finishes(tmp_path: Path) -> None:
     finally:
         router.stop()
         sim.stop()
+
+
+def test_a_request_cancelled_after_its_answer_leaves_the_reused_connection_alone() -> None:
+    """Regression (found by the soak: one answer in ~20 000 lost). A client that left while
+    its prompt was being sized cancelled the /tokenize request after the engine had
+    answered and the connection had gone back to the pool; its cancellation handler then
+    aborted the connection under the next request, which died with CancelledError and its
+    client got no answer at all. Driven step by step on one pooled connection."""
+    from test_upstream_connection import HEAD, chunk, connect, run, start
+
+    from narwhal.upstream.client import EngineClient
+
+    async def main() -> None:
+        client = EngineClient("http://127.0.0.1:9")
+        conn, transport = connect(client)
+        first = await start(conn)  # the sizing request, waiting for its answer
+        second = asyncio.ensure_future(client.open("POST", "/v1/completions", b"{}", timeout_s=2))
+        conn.data_received(HEAD + chunk(b'{"count":3}') + b"0\r\n\r\n")  # answered, pooled
+        first.cancel()  # its client left; the answer is already there
+        await asyncio.sleep(0)  # the second request takes the pooled connection first
+        await asyncio.sleep(0)
+        assert first.cancelled()
+        assert not second.done() and not transport.aborted
+        conn.data_received(HEAD)
+        assert (await asyncio.wait_for(second, 1)).status == 200
+
+    run(main)

@@ -400,7 +400,12 @@ class EngineConnection(asyncio.Protocol):
                 await self._flow.drain()      # a large body: let the transport hand it over
             return await waiter
         except asyncio.CancelledError:
-            self.abort()
+            if not waiter.done() or waiter.cancelled():
+                self.abort()                  # the exchange is still this request's
+            elif waiter.exception() is None:
+                # The response came, and may have ended and freed this connection to the
+                # pool, where another request may hold it now: drop only our response.
+                waiter.result().abort()
             raise
 
     def abort(self) -> None:
