@@ -134,6 +134,7 @@ def run_soak(router: Proc, sims: list[Proc]) -> dict[str, object]:
     kinds: Counter[str] = Counter()
     lock = threading.Lock()
     violations: list[str] = []
+    odd: list[str] = []  # answers no terminal class explains, with the kind of request
     samples: list[tuple[float, int, int]] = []  # (elapsed, rss, client fds)
     scrapes = 0
 
@@ -147,6 +148,8 @@ def run_soak(router: Proc, sims: list[Proc]) -> dict[str, object]:
             with lock:
                 tally[got] += 1
                 kinds[kind] += 1
+                if got not in (*CLASSES, "left"):
+                    odd.append(f"{kind}: {got}")
 
     def scraper() -> None:
         nonlocal scrapes
@@ -173,7 +176,9 @@ def run_soak(router: Proc, sims: list[Proc]) -> dict[str, object]:
 
     # zero lost requests: every answer was counted in the class it implies, nothing else
     assert not violations, f"invariant broken in {len(violations)} scrapes: {violations[0]}"
-    assert set(tally) <= {*CLASSES, "left"}, tally
+    log = "".join(router.lines[-40:])
+    assert not odd, (odd, tally, log)
+    assert not any("Traceback" in line for line in router.lines), log
 
     def counted(cls: str) -> float:
         got = sum(v for k, v in end_metrics.items() if k.startswith(f"narwhal_{cls}_total"))
