@@ -19,7 +19,7 @@ import httptools
 
 from narwhal.server.exchange import EarlyResponse, Headers, Request, Responder
 from narwhal.server.flow_control import FlowControl
-from narwhal.server.responses import STATUS_LINES
+from narwhal.server.responses import STATUS_LINES, error_body
 
 __all__ = [
     "App",
@@ -335,24 +335,14 @@ class HttpProtocol(asyncio.Protocol):
 
     def _write_failure(self) -> None:
         failure, self.failure = self.failure, None
-        if failure is None:
-            return
-        from narwhal.server.responses import error_body
-
-        status, message = failure
-        code = "header_too_large" if status == 431 else "bad_request"
-        body = error_body(message, "invalid_request_error", None, code)
-        self.transport_write(
-            b"".join(
-                (
-                    STATUS_LINES[status],
-                    b"content-type: application/json\r\ncontent-length: ",
-                    str(len(body)).encode(),
-                    b"\r\nconnection: close\r\n\r\n",
-                    body,
-                )
+        if failure is not None:
+            status, message = failure
+            code = "header_too_large" if status == 431 else "bad_request"
+            body = error_body(message, "invalid_request_error", None, code)
+            head = b"%bcontent-type: application/json\r\ncontent-length: %d\r\n"
+            self.transport_write(
+                head % (STATUS_LINES[status], len(body)) + b"connection: close\r\n\r\n" + body
             )
-        )
 
     def _arm(self, delay: float) -> None:
         self._disarm()
