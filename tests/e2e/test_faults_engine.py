@@ -319,14 +319,10 @@ def test_engine_refusing_connections_is_502(tmp_path: Path) -> None:
             got, _, raw = http(
                 router.url, "POST", "/v1/chat/completions", chat("hi", stream=stream)
             )
-            assert got in (502, 503), raw
-            assert json.loads(raw)["error"]["code"] in ("engine_error", "backend_unavailable")
+            assert got == 502, raw  # eviction and the breaker are out of the way (HEALTH)
+            assert json.loads(raw)["error"]["code"] == "engine_error"
         delta = counters.settled()
-        assert sum(counted(delta).values()) == 2
-        assert set(counted(delta)) <= {
-            FAILED % "engine_error",
-            'narwhal_rejected_total{reason="backend_unavailable"}',
-        }
+        assert counted(delta) == {FAILED % "engine_error": 2.0}, delta
         leaks.check()
     finally:
         router.stop()
