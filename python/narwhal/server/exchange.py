@@ -140,13 +140,15 @@ class Responder:
         head, self._head = self._head, None
         self._conn.transport_write(head + chunk if head is not None else chunk)
 
-    def end(self) -> None:
+    def end(self, data: bytes = b"") -> None:
+        """Finish the chunked body; a last chunk of ``data`` goes out in the same write."""
         if self.complete:
             return
         self.complete = True
         if not self.disconnected:
             head, self._head = self._head, None
-            self._conn.transport_write(head + _CHUNK_END if head is not None else _CHUNK_END)
+            tail = b"%x\r\n%b\r\n%b" % (len(data), data, _CHUNK_END) if data else _CHUNK_END
+            self._conn.transport_write(head + tail if head is not None else tail)
         self._conn.exchange_done(self)
 
     # -- flow control and failure ----------------------------------------------------------
