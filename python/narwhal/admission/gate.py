@@ -80,6 +80,9 @@ class AdmissionQueue:
             if future.done() and not future.cancelled() and future.exception() is None:
                 future.result().prefill.release()  # placed as we were cancelled: give it back
                 self.scheduler.leave(future.result().engine, "prefill")
+                split = future.result().split
+                if split is not None:  # a disaggregated placement's reserved decode slot
+                    split.release(self.scheduler)
             raise
         finally:
             timer.cancel()

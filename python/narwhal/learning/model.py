@@ -115,11 +115,13 @@ class Learning:
         return self.output.expected(track.demand.route, track.demand.max_tokens, track.tokens)
 
     # -- hooks: placement and the relay -----------------------------------------------------
-    def place(self, engine: Engine, demand: Demand, slot: Slot | None) -> Track:
-        """``demand`` was placed on ``engine``: its prefill joins the engine's chain."""
+    def place(self, engine: Engine, demand: Demand, slot: Slot | None, *,
+              prefill: bool = True) -> Track:
+        """``demand`` was placed on ``engine``: its prefill joins the engine's chain.
+        ``prefill=False``: a disaggregated decode leg (its prefill ran elsewhere)."""
         now = time.monotonic()
         load = self.learned[engine.index].load
-        cost = self.prefill_model(engine).seconds(demand.prompt_tokens)
+        cost = self.prefill_model(engine).seconds(demand.prompt_tokens) if prefill else 0.0
         track = Track(demand, engine.index, slot, now, cost, load.prefill_wait(now) + cost)
         load.place(track)
         self.pending.discard(demand)

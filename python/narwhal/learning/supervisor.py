@@ -77,7 +77,8 @@ class Supervisor:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if not any(e.engine.health is Health.HEALTHY and e.prefill is None
-                       and e.failures == 0 for e in self.learning.learned):
+                       and e.failures == 0 and e.engine.config.role != "decode"
+                       for e in self.learning.learned):
                 return
             await asyncio.sleep(0.02)
 
@@ -128,7 +129,7 @@ class Supervisor:
     def _wants(learned: EngineLearned, now: float) -> bool:
         engine = learned.engine
         if (engine.health is not Health.HEALTHY or engine.maintenance or learned.profiling
-                or now < learned.retry_at):
+                or now < learned.retry_at or engine.config.role == "decode"):
             return False
         if learned.prefill is None:
             return True

@@ -11,6 +11,8 @@ from narwhal.admission.validate import Parsed
 from narwhal.fleet.engine import Engine
 from narwhal.learning import Learning
 from narwhal.learning.occupancy import Demand, Track
+from narwhal.scheduling import disagg
+from narwhal.scheduling.disagg import Split
 from narwhal.scheduling.policies import Candidate, Policy, make_policy, prefix_key
 
 DEFAULT_POLICY = "lowest_ttft"
@@ -22,6 +24,7 @@ class Placement:
     engine: Engine
     prefill: Slot
     track: Track  # the learned model's record of this attempt (projected load, timing)
+    split: Split | None = None  # disaggregated: the decode engine and its reserved slot
 
 
 class Scheduler:
@@ -57,8 +60,8 @@ class Scheduler:
 
     def eligible(self) -> list[Engine]:
         learning, predictive = self.learning, self.predictive
-        return [e for e in self.engines if e.serves() and e.config.role == "mixed"
-                and (not predictive or learning.profiled(e))]
+        return [e for e in disagg.usable(self.engines)
+                if not predictive or learning.profiled(e)]
 
     def demand(self, parsed: Parsed, prompt_tokens: int) -> Demand:
         """What ``parsed`` asks of the fleet (held pending while it waits for placement)."""
@@ -79,8 +82,9 @@ class Scheduler:
                   demand: Demand | None = None) -> Placement | None:
         """Place ``demand`` (default: the oldest request waiting in the admission queue)."""
         engines = [e for e in self.eligible() if e is not exclude
-                   and self.prefill_local[e.index] + self.decode_local[e.index]
-                   < e.config.max_decode]  # a decode slot to come on this engine
+                   and (e.config.role == "prefill"  # its decode slot: see disagg.choose
+                        or self.prefill_local[e.index] + self.decode_local[e.index]
+                        < e.config.max_decode)]  # a decode slot to come on this engine
         if not engines:
             return None
         if demand is None:
@@ -89,15 +93,7 @@ class Scheduler:
         rotated = engines[self._turn :] + engines[: self._turn]
         now = time.monotonic()
         candidates = [self.candidate(e, demand, now) for e in rotated]
-        for choice in self.policy.order(candidates, demand):
-            engine = choice.engine
-            slot = self.board.acquire_slot(engine.index, "prefill", engine.config.max_prefill)
-            if slot is not None:
-                self.prefill_local[engine.index] += 1
-                track = self.learning.place(engine, demand, slot)
-                self.policy.placed(engine, demand)
-                return Placement(engine, slot, track)
-        return None
+        return disagg.choose(self, candidates, demand)
 
     def enter_decode(self, engine: Engine) -> Slot | None:
         """Move one request of ``engine`` from prefill to decode (its decode slot was reserved

@@ -46,7 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-model-len", type=int, default=d.max_model_len,
                         help="context window; longer requests get vLLM's 400")
     parser.add_argument("--role", choices=ROLES, default="mixed",
-                        help="disaggregation role (stored for later use)")
+                        help="disaggregation role: prefill serves NIXL prefill legs "
+                             "(non-streaming) and normal requests; decode requires "
+                             "kv_transfer_params with do_remote_prefill and skips the prefill")
     parser.add_argument("--seed", type=int, default=0, help="seed of all pseudo-random choices")
     parser.add_argument("--keepalive-timeout-s", type=float, default=d.keepalive_timeout_s,
                         help="close idle keep-alive connections after this long (uvicorn: 5)")

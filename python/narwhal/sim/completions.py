@@ -208,6 +208,7 @@ class Completions:
         """Parse, plan every choice's tokens and wire the response to the engine."""
         ask = self._parse(body, found, chat)
         s = self._settings
+        remote_prefill = self._check_role(body, ask.stream)
         opts = ask.opts
         # Random (not seeded) so that several simulators never hand out the same id.
         rid = ("chatcmpl-" if chat else "cmpl-") + (
@@ -251,9 +252,28 @@ class Completions:
                             exchange=exchange, stream=ask.stream, frames=frames,
                             fault=found.fault, build_body=build)
         for index, (prompt_ids, plan) in enumerate(plans):
-            response.add(ChoiceJob(response, index, prompt_ids, plan.tokens, plan.finish,
-                                   ask.interval))
+            job = ChoiceJob(response, index, prompt_ids, plan.tokens, plan.finish, ask.interval)
+            job.kv_ready = remote_prefill
+            response.add(job)
         return response
+
+    def _check_role(self, body: dict[str, Any], stream: bool) -> bool:
+        """Disaggregation roles (vLLM NIXL): a prefill engine serves the prefill leg
+        (``do_remote_decode``) non-streaming only; a decode engine serves only requests
+        whose KV cache comes from a prefill engine (``do_remote_prefill``). True when the
+        prompt's KV cache is remote (the engine skips its prefill compute)."""
+        kv = body.get("kv_transfer_params")
+        kv = kv if isinstance(kv, dict) else {}
+        role = self._settings.role
+        if role == "prefill" and kv.get("do_remote_decode") is True and stream:
+            raise bad_request("A prefill engine serves the remote-decode prefill leg "
+                              "non-streaming only.", "stream")
+        if role == "decode":
+            if kv.get("do_remote_prefill") is not True:
+                raise bad_request("This decode engine requires kv_transfer_params with "
+                                  "do_remote_prefill: true.", "kv_transfer_params")
+            return True
+        return False
 
     @staticmethod
     def _logprobs(body: dict[str, Any], chat: bool) -> int | None:

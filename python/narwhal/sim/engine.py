@@ -111,7 +111,9 @@ class Engine:
         job = self._waiting.popleft()
         self._prefilling = job
         s = self._settings
-        duration = s.prefill_overhead_ms / 1000.0 + job.prompt_tokens / s.prefill_tokens_per_s
+        # A decode engine's remote-prefilled job pays only the overhead (the KV transfer).
+        tokens = 0 if getattr(job, "kv_ready", False) else job.prompt_tokens
+        duration = s.prefill_overhead_ms / 1000.0 + tokens / s.prefill_tokens_per_s
         self._prefill_handle = self._loop.call_at(self._loop.time() + duration, self._prefilled)
 
     def _prefilled(self) -> None:

@@ -25,7 +25,8 @@ NEVER = -1
 class ChoiceJob(Choice):
     """One choice being generated; the engine calls :meth:`advance` once per token."""
 
-    __slots__ = ("due", "finish", "interval", "produced", "resp", "tokens", "total", "trigger_at")
+    __slots__ = ("due", "finish", "interval", "kv_ready", "produced", "resp", "tokens", "total",
+                 "trigger_at")
 
     def __init__(self, resp: Response, index: int, prompt_ids: list[int], tokens: list[sg.Tok],
                  finish: str, interval: int) -> None:
@@ -38,6 +39,7 @@ class ChoiceJob(Choice):
         self.interval = interval
         self.due = 1 if resp.stream else self.total + 1  # the first output is sent at once
         self.trigger_at = NEVER
+        self.kv_ready = False  # the prompt's KV cache came from a prefill engine (decode role)
 
     def advance(self) -> bool:
         i = self.produced + 1

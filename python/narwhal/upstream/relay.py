@@ -21,6 +21,7 @@ from narwhal.scheduling.placement import Placement
 from narwhal.server.http import Responder
 from narwhal.server.responses import midstream_error_event, refusal_response
 from narwhal.upstream.client import UpstreamError, UpstreamResponse
+from narwhal.upstream.disagg import run_prefill
 
 if TYPE_CHECKING:
     from narwhal.admission.validate import Parsed
@@ -32,7 +33,8 @@ _PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
 _OPEN, _DONE, _FAILED = 0, 1, 2
 
 
-def engine_request(parsed: Parsed, engine: Engine) -> tuple[bytes, bool]:
+def engine_request(parsed: Parsed, engine: Engine,
+                   kv_params: dict[str, Any] | None = None) -> tuple[bytes, bool]:
     """The body sent to the engine, and whether the usage frame must be dropped.
 
     Narwhal always streams from the engine and asks token-ID engines for IDs every token.
@@ -40,6 +42,8 @@ def engine_request(parsed: Parsed, engine: Engine) -> tuple[bytes, bool]:
     count output on engines without token IDs (then the client's own choice is restored).
     """
     body: dict[str, Any] = dict(parsed.body)
+    if kv_params is not None:  # a disaggregated decode leg: the prefill engine's reply
+        body["kv_transfer_params"] = kv_params
     body["stream"] = True
     drop_usage = False
     if engine.token_ids:
@@ -73,6 +77,8 @@ class Relay:
         self.engine = placement.engine
         self.prefill: Slot | None = placement.prefill
         self.track = placement.track
+        self.split = placement.split  # disaggregated: the prefill leg runs first (disagg.py)
+        self.kv_params: dict[str, Any] | None = None
         self.decode: Slot | None = None
         self.phase: str | None = "prefill"
         self.responder = responder
@@ -115,10 +121,12 @@ class Relay:
 
     async def _attempt(self) -> bool:
         """One engine attempt. True: failed before headers and may be retried."""
+        if self.split is not None and not await run_prefill(self):
+            return False
         engine = self.engine
         engine.breaker.begin()
         self.judging = engine
-        body, drop_usage = engine_request(self.parsed, engine)
+        body, drop_usage = engine_request(self.parsed, engine, self.kv_params)
         headers = self.router.forward_headers(self.ctx)
         timeout = self.deadlines.headers_by - self.loop.time()
         if timeout <= 0:
@@ -174,6 +182,7 @@ class Relay:
         self.engine = placement.engine
         self.prefill = placement.prefill
         self.track = placement.track
+        self.split = placement.split
         self.phase = "prefill"
         self.session = None
         return True
@@ -347,6 +356,9 @@ class Relay:
         """Give back the slots of the current attempt (idempotent) and wake the queue."""
         scheduler = self.router.scheduler
         phase, self.phase = self.phase, None
+        split, self.split = self.split, None
+        if split is not None:
+            split.release(scheduler)
         if phase == "prefill" and self.prefill is not None:
             self.prefill.release()
             scheduler.leave(self.engine, "prefill")
