@@ -89,8 +89,10 @@ class AdmissionQueue:
             ticket.dequeue()
             if not future.done():
                 future.cancel()
-            with contextlib.suppress(ValueError):
-                self.waiters.remove(future)
+            placed = future.done() and not future.cancelled() and future.exception() is None
+            if not placed:  # kick() pops what it places; remove() would format a repr to fail
+                with contextlib.suppress(ValueError):
+                    self.waiters.remove(future)
         return placement, loop.time() - start
 
     def capacity_freed(self) -> None:

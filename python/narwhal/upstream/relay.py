@@ -81,6 +81,7 @@ class Relay:
         self.kv_params: dict[str, Any] | None = None
         self.decode: Slot | None = None
         self.phase: str | None = "prefill"
+        self._tail = b""  # the last output of a finished stream, written with the body's end
         self.responder = responder
         self.deadlines = deadlines
         self.loop = asyncio.get_running_loop()
@@ -215,7 +216,10 @@ class Relay:
                 responder.start(200)
                 if self.first_token_at is None and not self.engine.token_ids:
                     self._first_token(self.loop.time())
-            responder.write(out)
+            if state == _DONE and self.parsed.stream:
+                self._tail = out  # goes out with the end of the body, in one write
+            else:
+                responder.write(out)
         if state:
             self._stream_state(state)
 
@@ -235,7 +239,8 @@ class Relay:
         assert session is not None
         if state == _DONE:
             if self.parsed.stream:
-                self.responder.end()
+                tail, self._tail = self._tail, b""
+                self.responder.end(tail)
                 # An engine's own mid-stream error event was relayed as it was sent.
                 failed = session.engine_error is not None
                 self._finish(*(("failed", "engine_error") if failed else ("completed", None)))
