@@ -50,6 +50,11 @@ def body_of(content: str, **extra: Any) -> bytes:
     return json.dumps(chat(content, **extra)).encode()
 
 
+def engine_saw(sim: Proc, text: str) -> bool:
+    """Whether one of the simulator's recent requests carried ``text``."""
+    return any(text in json.dumps(r["body"]) for r in sim_stats(sim)["recent"])
+
+
 def series(m: dict[str, float], name: str) -> float:
     return m.get(name, 0.0)
 
@@ -105,7 +110,6 @@ def test_client_leaves_in_prefill(fleet: tuple[Proc, Proc], how: str) -> None:
     leave(sock, how)
     wait_for(lambda: sim_stats(sim)["aborted"] > before["aborted"], 5)
     assert counted(counters.settled()) == {CANCELLED: 1.0}
-    assert sim_stats(sim)["completed"] == before["completed"]
     leaks.check()
 
 
@@ -113,7 +117,6 @@ def test_client_leaves_while_queued(fleet: tuple[Proc, Proc]) -> None:
     sim, router = fleet
     leaks = Leaks(router, [sim])
     counters = Counters(router.url)
-    before = sim_stats(sim)
     holder = send(router, body_of("hold the engine", stream=True, max_tokens=4000))
     wait_for(lambda: metrics(router.url).get(INFLIGHT % "decode"), 10)
     queued = send(router, body_of("wait for me", stream=True))
@@ -121,7 +124,7 @@ def test_client_leaves_while_queued(fleet: tuple[Proc, Proc]) -> None:
     leave(queued, "reset")
     wait_for(lambda: metrics(router.url).get("narwhal_queued_requests") == 0.0, 5)
     assert series(metrics(router.url), CANCELLED) - series(counters.before, CANCELLED) == 1
-    assert sim_stats(sim)["received"] == before["received"] + 1  # the queued one never left
+    assert not engine_saw(sim, "wait for me")  # the queued one never left the router
     leave(holder, "reset")
     assert counted(counters.settled()) == {CANCELLED: 2.0}
     leaks.check()
@@ -132,13 +135,12 @@ def test_client_leaves_mid_upload(fleet: tuple[Proc, Proc], how: str) -> None:
     sim, router = fleet
     leaks = Leaks(router, [sim])
     counters = Counters(router.url)
-    before = sim_stats(sim)
     body = body_of("an upload that never ends", stream=True)
     sock = send(router, body[:20], length=len(body) + 1000)
     wait_for(lambda: metrics(router.url).get("narwhal_retained_requests") == 1.0, 5)
     leave(sock, how)
     assert counted(counters.settled()) == {CANCELLED: 1.0}
-    assert sim_stats(sim)["received"] == before["received"]
+    assert not engine_saw(sim, "an upload that never ends")
     leaks.check()
 
 
