@@ -18,6 +18,7 @@ from narwhal._narwhal_fast import Board
 from narwhal.admission.wake import WorkerWake
 from narwhal.api.router import Router
 from narwhal.config import Config
+from narwhal.fleet.shared_admin import SharedAdmin
 from narwhal.server.http import HttpServer, ServerLimits
 
 log = logging.getLogger("narwhal")
@@ -47,9 +48,12 @@ async def run_worker(
     """Serve until SIGTERM/SIGINT, then drain in-flight requests within the grace period."""
     loop = asyncio.get_running_loop()
     router = Router(config, board)
-    if wake_fds is not None:
-        wake = WorkerWake(loop, wake_fds[0], wake_fds[1], router.queue.kick)
+    if wake_fds is not None and board.path is not None:
+        shared = SharedAdmin(f"{board.path}.admin.json", router.state, lambda: None)
+        wake = WorkerWake(loop, wake_fds[0], wake_fds[1], router.queue.kick, shared.apply)
+        shared.notify_peers = wake.notify_admin
         router.queue.notify_peers = wake.notify
+        router.admin.shared = shared
     server = HttpServer(
         router,
         limits_of(config),
@@ -172,6 +176,8 @@ def _serve_workers(config: Config, workers: int, extra: str) -> int:
                 status = 1
     holder.close()
     board.unlink()
+    with contextlib.suppress(OSError):
+        os.unlink(f"{path}.admin.json")
     return status
 
 

@@ -22,24 +22,33 @@ class WorkerWake:
         read_fd: int,
         peer_fds: Sequence[int],
         on_wake: Callable[[], None],
+        on_admin: Callable[[], None] | None = None,
     ):
         self.loop = loop
         self.read_fd = read_fd
         self.peer_fds = list(peer_fds)
         self.on_wake = on_wake
+        self.on_admin = on_admin
         for fd in (read_fd, *self.peer_fds):
             os.set_blocking(fd, False)
         loop.add_reader(read_fd, self._readable)
 
-    def notify(self) -> None:
+    def notify(self, what: bytes = b"w") -> None:
+        """``b"w"``: capacity freed; ``b"a"``: the shared admin state changed."""
         for fd in self.peer_fds:
             with contextlib.suppress(BlockingIOError, BrokenPipeError):
-                os.write(fd, b"w")  # a full pipe already holds a pending wake-up
+                os.write(fd, what)  # a full pipe already holds a pending wake-up
+
+    def notify_admin(self) -> None:
+        self.notify(b"a")
 
     def _readable(self) -> None:
+        admin = False
         with contextlib.suppress(BlockingIOError):
-            while os.read(self.read_fd, 4096):
-                pass
+            while data := os.read(self.read_fd, 4096):
+                admin = admin or b"a" in data
+        if admin and self.on_admin is not None:
+            self.on_admin()
         self.on_wake()
 
     def close(self) -> None:

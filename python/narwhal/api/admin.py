@@ -17,6 +17,7 @@ from narwhal.server.responses import refusal_response
 
 if TYPE_CHECKING:
     from narwhal.api.router import Router
+    from narwhal.fleet.shared_admin import SharedAdmin
 
 _ROLES = ("active", "standby")
 _DRAIN_PREFIX = "/admin/engines/"
@@ -40,6 +41,7 @@ class AdminApi:
     def __init__(self, router: Router):
         self.router = router
         self._token = (router.config.admin.token or "").encode()
+        self.shared: SharedAdmin | None = None  # set when several workers serve one port
         self._routes: dict[str, tuple[str, Callable[[Any], dict[str, Any]]]] = {
             "/admin/maintenance": ("POST", self._maintenance),
             "/admin/role": ("POST", self._role),
@@ -61,6 +63,8 @@ class AdminApi:
             status, headers, out = refusal_response(Refusal("conflict", str(exc), param="role"))
             responder.send(status, out, headers)
             return
+        if method == "POST" and self.shared is not None:
+            self.shared.publish()  # the other workers take the same state
         responder.send(200, orjson.dumps(result))
 
     # -- checks ---------------------------------------------------------------------------
