@@ -10,7 +10,8 @@ import pytest
 import uvloop
 
 from narwhal.upstream.client import EngineClient, UpstreamError, UpstreamResponse
-from narwhal.upstream.connection import EngineConnection, FlowControl
+from narwhal.upstream.connection import EngineConnection
+from narwhal.upstream.response import FlowControl
 
 
 def run(main: Callable[[], Awaitable[Any]], timeout: float = 5.0) -> Any:

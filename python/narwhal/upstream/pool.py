@@ -9,12 +9,8 @@ from collections import deque
 from collections.abc import Sequence
 from urllib.parse import urlsplit
 
-from narwhal.upstream.connection import (
-    EngineConnection,
-    UpstreamError,
-    UpstreamResponse,
-    _StaleConnection,
-)
+from narwhal.upstream.connection import EngineConnection, _StaleConnection
+from narwhal.upstream.response import UpstreamError, UpstreamResponse
 
 _BAD_PATH = re.compile(r"[\x00-\x20\x7f]")
 _BAD_NAME = re.compile(rb"[^!#$%&'*+\-.^_`|~0-9A-Za-z]")

@@ -1,0 +1,214 @@
+"""The response side of one engine exchange, and the pause state of its connection."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from narwhal.upstream.connection import EngineConnection
+
+DataSink = Callable[[bytes], None]
+EndSink = Callable[[BaseException | None], None]
+
+
+class UpstreamError(Exception):
+    """An engine exchange failed: ``kind`` is "connect", "reset", "timeout" or "protocol"."""
+
+    def __init__(self, kind: str, message: str = "", *, before_headers: bool = True) -> None:
+        super().__init__(f"{kind}: {message}" if message else kind)
+        self.kind = kind
+        self.message = message
+        self.before_headers = before_headers
+
+
+
+def call_end(loop: asyncio.AbstractEventLoop, on_end: EndSink, exc: BaseException | None) -> None:
+    """Call a sink's ``on_end`` from a protocol callback; a failing sink is reported, not raised."""
+    try:
+        on_end(exc)
+    except Exception as err:
+        loop.call_exception_handler({"message": "upstream on_end sink failed", "exception": err})
+
+
+class FlowControl:
+    """Pause state of one engine connection: reading (relay backpressure) and writing (transport).
+
+    ``pause_reading``/``resume_reading`` map to the transport, idempotently. The transport's
+    ``pause_writing``/``resume_writing`` land here; :meth:`drain` waits while writing is
+    paused; :meth:`wake` and :meth:`release` let every waiter go.
+    """
+
+    __slots__ = ("_drain_waiter", "_transport", "read_paused", "write_paused")
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self.read_paused = False
+        self.write_paused = False
+        self._drain_waiter: asyncio.Future[None] | None = None
+
+    def pause_reading(self) -> None:
+        if not self.read_paused and not self._transport.is_closing():
+            self.read_paused = True
+            self._transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.read_paused:
+            self.read_paused = False
+            if not self._transport.is_closing():
+                self._transport.resume_reading()
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        self.wake()
+
+    async def drain(self) -> None:
+        """Wait while the transport's write buffer is over its high-water mark."""
+        if not self.write_paused:
+            return
+        if self._drain_waiter is None:
+            self._drain_waiter = asyncio.get_running_loop().create_future()
+        await self._drain_waiter
+
+    def wake(self) -> None:
+        """Release a drain waiter without changing the pause state (the response has begun)."""
+        waiter, self._drain_waiter = self._drain_waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def release(self) -> None:
+        """Connection lost: nothing will ever be written again."""
+        self.write_paused = False
+        self.wake()
+
+
+class UpstreamResponse:
+    """The response side of one engine exchange: status, headers and the body's destination."""
+
+    __slots__ = ("_aborted", "_buffer", "_conn", "_done", "_end_exc", "_on_end", "_reader",
+                 "_sunk", "headers", "status")
+
+    def __init__(self, conn: EngineConnection, status: int, headers: dict[str, str]) -> None:
+        self.status = status
+        self.headers = headers                      # lower-cased names
+        self._conn: EngineConnection | None = conn  # None once the exchange is over
+        self._buffer: list[bytes] = []              # body that arrived before set_sink
+        self._sunk = False
+        self._on_end: EndSink | None = None
+        self._done = False
+        self._aborted = False
+        self._end_exc: BaseException | None = None
+        self._reader: asyncio.Future[None] | None = None
+
+    def set_sink(self, on_data: DataSink, on_end: EndSink) -> None:
+        """Route the body to ``on_data`` (one call per network read), then ``on_end``.
+
+        Body bytes already received are delivered before this returns, and so is ``on_end``
+        when the message (or the connection) has already ended. After :meth:`abort`, the
+        sink is never called.
+        """
+        if self._sunk:
+            raise RuntimeError("the response body already has a sink")
+        self._sunk = True
+        buffered = self._buffer
+        if buffered and not self._aborted:
+            on_data(buffered[0] if len(buffered) == 1 else b"".join(buffered))
+        buffered.clear()
+        conn = self._conn
+        if conn is None:
+            if not self._aborted:
+                on_end(self._end_exc)
+            return
+        self._on_end = on_end
+        conn._on_data = on_data
+
+    async def read_all(self, limit: int = 16 << 20) -> bytes:
+        """The whole body (at most ``limit`` bytes, else UpstreamError("protocol"))."""
+        return await self._read_all(limit, None)
+
+    def pause_reading(self) -> None:
+        """Stop reading from the engine (the client is slow)."""
+        if self._conn is not None:
+            self._conn._flow.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self._conn is not None:
+            self._conn._flow.resume_reading()
+
+    def abort(self) -> None:
+        """Drop the connection now; the engine sees the disconnect. No sink calls follow."""
+        conn = self._conn
+        if conn is None:
+            return
+        self._conn = None
+        self._done = True
+        self._aborted = True
+        self._on_end = None
+        self._end_exc = UpstreamError("reset", "aborted by the caller", before_headers=False)
+        conn.abort()
+        reader = self._reader
+        if reader is not None and not reader.done():
+            reader.set_exception(self._end_exc)
+
+    # -- connection side ----------------------------------------------------------------
+
+    def _finish(self, exc: BaseException | None) -> None:
+        """The message ended (``exc`` None) or the connection died under it."""
+        if self._done:
+            return
+        self._done = True
+        self._end_exc = exc
+        conn, self._conn = self._conn, None
+        on_end, self._on_end = self._on_end, None
+        if on_end is not None and conn is not None:
+            call_end(conn._loop, on_end, exc)
+
+    async def _read_all(self, limit: int, timeout_s: float | None) -> bytes:
+        loop = asyncio.get_running_loop()
+        reader: asyncio.Future[None] = loop.create_future()
+        parts: list[bytes] = []
+        size = 0
+
+        def on_data(data: bytes) -> None:
+            nonlocal size
+            size += len(data)
+            if size > limit:
+                if not reader.done():
+                    reader.set_exception(UpstreamError(
+                        "protocol", f"body over {limit} bytes", before_headers=False))
+                self.abort()
+            else:
+                parts.append(data)
+
+        def on_end(exc: BaseException | None) -> None:
+            if not reader.done():
+                if exc is None:
+                    reader.set_result(None)
+                else:
+                    reader.set_exception(exc)
+
+        def on_timeout() -> None:
+            if not reader.done():
+                reader.set_exception(UpstreamError(
+                    "timeout", "body not complete in time", before_headers=False))
+            self.abort()
+
+        if self._aborted:
+            raise UpstreamError("reset", "aborted by the caller", before_headers=False)
+        self._reader = reader
+        timer = loop.call_later(timeout_s, on_timeout) if timeout_s is not None else None
+        try:
+            self.set_sink(on_data, on_end)
+            await reader
+        except asyncio.CancelledError:
+            self.abort()
+            raise
+        finally:
+            self._reader = None
+            if timer is not None:
+                timer.cancel()
+        return b"".join(parts)
