@@ -256,3 +256,27 @@ def test_prompt_is_sized_by_the_engines_tokenizer(router: Proc, engines: list[Pr
         after["narwhal_offered_prompt_tokens_total"] - before["narwhal_offered_prompt_tokens_total"]
         == count
     )
+
+
+def test_client_leaving_while_the_engine_hangs_before_headers_ends_at_once(router: Proc) -> None:
+    """The engine has not answered yet: the client's departure must not wait for the deadline."""
+    body = _chat()
+    body["messages"] = [{"role": "user", "content": "wait [[fault:hang_before_headers]]"}]
+    host, port = router.url[len("http://") :].split(":")
+    before = metrics(router.url)
+    sock = socket.create_connection((host, int(port)))
+    sock.sendall(_request_bytes(body))
+    deadline = time.monotonic() + 5
+    while metrics(router.url)["narwhal_retained_requests"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.2)  # dispatched: the engine holds the request without answering
+    sock.close()
+    deadline = time.monotonic() + 3
+    m = metrics(router.url)
+    while m["narwhal_retained_requests"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+        m = metrics(router.url)
+    assert m["narwhal_retained_requests"] == 0, "the request stayed retained after its client left"
+    assert m["narwhal_cancelled_total"] - before["narwhal_cancelled_total"] == 1
+    assert all(v == 0 for k, v in m.items() if k.startswith("narwhal_engine_inflight"))
+    assert invariant_holds(m)

@@ -85,6 +85,7 @@ class Relay:
         self.responder = responder
         self.deadlines = deadlines
         self.loop = asyncio.get_running_loop()
+        self.task = asyncio.current_task()
         self.upstream: UpstreamResponse | None = None
         self.session: StreamSession | None = None
         self.done: asyncio.Future[None] = self.loop.create_future()
@@ -334,6 +335,10 @@ class Relay:
     def _on_disconnect(self) -> None:
         if self.upstream is not None:
             self.upstream.abort()
+        elif self.task is not None and self.outcome is None:
+            # Still waiting for an engine's headers (or a prefill leg): stop waiting now;
+            # cancelling the open closes the engine connection, so the engine aborts too.
+            self.task.cancel()
         self._finish("cancelled", None)
 
     def _arm_deadline(self) -> None:
