@@ -181,3 +181,44 @@ def running(*procs: Proc) -> Iterator[None]:
     finally:
         for p in procs:
             p.stop()
+
+
+def http(
+    base: str,
+    method: str,
+    path: str,
+    body: bytes | dict[str, Any] | None = None,
+    headers: dict[str, str] | None = None,
+    timeout: float = 20.0,
+) -> tuple[int, dict[str, str], bytes]:
+    """One raw HTTP/1.1 exchange on its own connection: (status, lower-cased headers, body)."""
+    data = b"" if body is None else body if isinstance(body, bytes) else json.dumps(body).encode()
+    host, port = base[len("http://") :].split(":")
+    head = f"{method} {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n"
+    if body is not None:
+        head += f"content-type: application/json\r\ncontent-length: {len(data)}\r\n"
+    for k, v in (headers or {}).items():
+        head += f"{k}: {v}\r\n"
+    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+        sock.sendall(head.encode() + b"\r\n" + data)
+        raw = b""
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            raw += chunk
+    head_bytes, _, rest = raw.partition(b"\r\n\r\n")
+    lines = head_bytes.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    hdrs = {k.lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])}
+    if hdrs.get("transfer-encoding") == "chunked":
+        out = b""
+        while rest:
+            size_line, _, rest = rest.partition(b"\r\n")
+            size = int(size_line, 16)
+            if size == 0:
+                break
+            out += rest[:size]
+            rest = rest[size + 2 :]
+        rest = out
+    return status, hdrs, rest

@@ -15,6 +15,7 @@ from procs import (
     MODEL,
     Proc,
     free_port,
+    http,
     invariant_holds,
     metrics,
     router_config,
@@ -33,35 +34,7 @@ def post(
     timeout: float = 20.0,
 ) -> tuple[int, dict[str, str], bytes]:
     """A raw HTTP/1.1 POST on its own connection: (status, lower-cased headers, body)."""
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    host, port = base[len("http://") :].split(":")
-    head = f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-    head += f"content-length: {len(data)}\r\nconnection: close\r\n"
-    for k, v in (headers or {}).items():
-        head += f"{k}: {v}\r\n"
-    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
-        sock.sendall(head.encode() + b"\r\n" + data)
-        raw = b""
-        while True:
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            raw += chunk
-    head_bytes, _, rest = raw.partition(b"\r\n\r\n")
-    lines = head_bytes.decode("latin-1").split("\r\n")
-    status = int(lines[0].split()[1])
-    hdrs = {k.lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])}
-    if hdrs.get("transfer-encoding") == "chunked":
-        body_out = b""
-        while rest:
-            size_line, _, rest = rest.partition(b"\r\n")
-            size = int(size_line, 16)
-            if size == 0:
-                break
-            body_out += rest[:size]
-            rest = rest[size + 2 :]
-        rest = body_out
-    return status, hdrs, rest
+    return http(base, "POST", path, body, headers, timeout)
 
 
 def chat(content: str = "hello", **extra: Any) -> dict[str, Any]:
