@@ -44,7 +44,7 @@ def _wrap_async(module: str, qualname: str, stage: Callable[[tuple[Any, ...]], s
 
 def _wrap_first_token() -> None:
     try:
-        relay = importlib.import_module("narwhal.upstream.relay").Relay
+        relay = importlib.import_module("narwhal.flow.relay").Relay
         original = relay._first_token
     except (ImportError, AttributeError):
         SAMPLES["(probe missing: Relay._first_token)"] = []

@@ -5,17 +5,16 @@ from __future__ import annotations
 import orjson
 
 from narwhal._narwhal_fast import Board
-from narwhal.admission.validate import parse_request
 from narwhal.config import EngineConfig
 from narwhal.fleet.engine import Engine, Health
 from narwhal.learning import Learning
 from narwhal.learning.latency import PrefillModel
 from narwhal.learning.occupancy import Demand
+from narwhal.request.engine_body import REMOTE_DECODE, engine_body, prefill_body
+from narwhal.request.parse import parse_request
 from narwhal.scheduling.disagg import replace_prefill
 from narwhal.scheduling.placement import Scheduler
 from narwhal.upstream.client import EngineClient
-from narwhal.upstream.disagg import REMOTE_DECODE, prefill_body
-from narwhal.upstream.relay import engine_request
 
 MODEL = "m"
 
@@ -129,7 +128,8 @@ def test_prefill_body_follows_the_nixl_proxy() -> None:
         "kv_transfer_params": REMOTE_DECODE}
     # The decode leg: the client's body with the prefill reply's parameters, verbatim.
     kv = {"do_remote_prefill": True, "remote_block_ids": [[1, 2]], "opaque": {"x": 1}}
-    body, _ = engine_request(parsed, fleet("decode")[0], kv)
+    decoder = fleet("decode")[0]
+    body, _ = engine_body(parsed, token_ids=decoder.token_ids, kv_params=kv)
     decoded = orjson.loads(body)
     assert decoded["kv_transfer_params"] == kv
     assert decoded["max_tokens"] == 50 and decoded["min_tokens"] == 3

@@ -8,13 +8,13 @@ import pickle
 import orjson
 import pytest
 
-from narwhal.admission.table import (
+from narwhal.errors import Refusal
+from narwhal.errors.table import (
     COUNTER_REASONS,
     READY_REASONS,
     ROWS,
     retry_after_for_overrun,
 )
-from narwhal.errors import Refusal
 from narwhal.server.responses import (
     STATUS_LINES,
     error_body,

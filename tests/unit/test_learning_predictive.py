@@ -6,13 +6,13 @@ import pytest
 
 from narwhal._narwhal_fast import Board
 from narwhal.admission.predictive import PredictiveAdmission
-from narwhal.admission.validate import parse_request
 from narwhal.config import Admission, EngineConfig
 from narwhal.errors import Refusal
 from narwhal.fleet.engine import Engine, Health
 from narwhal.learning import Learning
 from narwhal.learning.latency import PrefillModel
 from narwhal.learning.occupancy import Demand
+from narwhal.request.parse import parse_request
 from narwhal.scheduling.placement import Scheduler
 from narwhal.server.responses import refusal_response
 from narwhal.upstream.client import EngineClient

@@ -8,12 +8,12 @@ from collections import Counter
 import pytest
 
 from narwhal._narwhal_fast import Board
-from narwhal.admission.validate import parse_request
 from narwhal.config import EngineConfig
 from narwhal.fleet.engine import Engine, Health
 from narwhal.learning import Learning
 from narwhal.learning.latency import PrefillModel
 from narwhal.learning.occupancy import Demand
+from narwhal.request.parse import parse_request
 from narwhal.scheduling.placement import Placement, Scheduler
 from narwhal.scheduling.policies import POLICIES, Candidate, make_policy, prefix_key
 from narwhal.upstream.client import EngineClient

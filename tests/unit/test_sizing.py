@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from narwhal.admission.sizing import EstimateSizer, Sizer, TokenizerSizer, prompt_texts
-from narwhal.admission.validate import Parsed, parse_request
+from narwhal.request.parse import Parsed, parse_request
 
 MODEL = "m"
 

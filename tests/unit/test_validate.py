@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from narwhal.admission.validate import MAX_DEPTH, Parsed, parse_request
 from narwhal.errors import Refusal
+from narwhal.request.parse import MAX_DEPTH, Parsed, parse_request
 from narwhal.server.responses import refusal_response
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"

@@ -15,13 +15,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from narwhal.admission.table import retry_after_for_overrun
-from narwhal.admission.validate import Parsed
 from narwhal.config import Admission
 from narwhal.errors import Refusal
+from narwhal.errors.table import retry_after_for_overrun
 from narwhal.fleet.engine import Engine
 from narwhal.learning import Learning
 from narwhal.learning.occupancy import Demand, water_level
+from narwhal.request.parse import Parsed
 from narwhal.scheduling.placement import Scheduler
 
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
-from narwhal.admission.validate import Parsed
+from narwhal.request.parse import Parsed
 
 if TYPE_CHECKING:
     from narwhal.fleet.engine import Engine

@@ -13,10 +13,9 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import CollectorRegistry
 
 from narwhal._narwhal_fast import Board, Ticket
-from narwhal.admission.gate import AdmissionQueue, Deadlines
+from narwhal.admission.gate import AdmissionQueue
 from narwhal.admission.predictive import PredictiveAdmission
 from narwhal.admission.sizing import Sizer, make_sizer
-from narwhal.admission.validate import parse_request
 from narwhal.api.admin import AdminApi
 from narwhal.api.auth import PROTECTED_ROUTES, ClientAuth
 from narwhal.api.metrics import BoardCollector, render
@@ -25,12 +24,14 @@ from narwhal.errors import Refusal
 from narwhal.fleet.engine import Engine
 from narwhal.fleet.health import HealthMonitor
 from narwhal.fleet.state import RouterState
+from narwhal.flow.relay import Relay
 from narwhal.learning import Learning
+from narwhal.request.deadlines import Deadlines
+from narwhal.request.parse import parse_request
 from narwhal.scheduling.placement import Scheduler
 from narwhal.server.http import EarlyResponse, Request, Responder
 from narwhal.server.responses import error_body, refusal_response
 from narwhal.upstream.client import EngineClient
-from narwhal.upstream.relay import Relay
 
 log = logging.getLogger("narwhal.router")
 

@@ -7,10 +7,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from narwhal._narwhal_fast import Board, Slot
-from narwhal.admission.validate import Parsed
 from narwhal.fleet.engine import Engine
 from narwhal.learning import Learning
 from narwhal.learning.occupancy import Demand, Track
+from narwhal.request.parse import Parsed
 from narwhal.scheduling import disagg
 from narwhal.scheduling.disagg import Split
 from narwhal.scheduling.policies import Candidate, Policy, make_policy, prefix_key

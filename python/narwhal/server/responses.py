@@ -8,8 +8,8 @@ from typing import overload
 
 import orjson
 
-from narwhal.admission.table import ROWS
 from narwhal.errors import Refusal
+from narwhal.errors.table import ROWS
 
 Headers = list[tuple[bytes, bytes]]
 

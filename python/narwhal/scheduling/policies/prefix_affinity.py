@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from narwhal.admission.validate import Parsed
 from narwhal.fleet.engine import Engine
 from narwhal.learning.occupancy import Demand
+from narwhal.request.parse import Parsed
 from narwhal.scheduling.policies.base import Candidate, tie_band
 
 MAX_PREFIXES = 4096

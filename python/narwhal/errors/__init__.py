@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from narwhal.admission.table import ROWS, Row
+from narwhal.errors.table import ROWS, Row
 
 
 class Refusal(Exception):

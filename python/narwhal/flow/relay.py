@@ -10,54 +10,25 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
-import orjson
-
 from narwhal._narwhal_fast import Slot, StreamSession
-from narwhal.admission.gate import Deadlines
 from narwhal.errors import Refusal
 from narwhal.fleet.breaker import ENGINE_FAULTS, judge
 from narwhal.fleet.engine import Engine
+from narwhal.flow.prefill import run_prefill
+from narwhal.request.deadlines import Deadlines
+from narwhal.request.engine_body import ROUTE_PATHS, engine_body
 from narwhal.scheduling.placement import Placement
 from narwhal.server.http import Responder
 from narwhal.server.responses import midstream_error_event, refusal_response
 from narwhal.upstream.client import UpstreamError, UpstreamResponse
-from narwhal.upstream.disagg import run_prefill
 
 if TYPE_CHECKING:
-    from narwhal.admission.validate import Parsed
     from narwhal.api.router import RequestContext, Router
+    from narwhal.request.parse import Parsed
 
 log = logging.getLogger("narwhal.relay")
 
-_PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
 _OPEN, _DONE, _FAILED = 0, 1, 2
-
-
-def engine_request(parsed: Parsed, engine: Engine,
-                   kv_params: dict[str, Any] | None = None) -> tuple[bytes, bool]:
-    """The body sent to the engine, and whether the usage frame must be dropped.
-
-    Narwhal always streams from the engine and asks token-ID engines for IDs every token.
-    It asks for usage only where it needs it: to assemble a non-streaming answer, or to
-    count output on engines without token IDs (then the client's own choice is restored).
-    """
-    body: dict[str, Any] = dict(parsed.body)
-    if kv_params is not None:  # a disaggregated decode leg: the prefill engine's reply
-        body["kv_transfer_params"] = kv_params
-    body["stream"] = True
-    drop_usage = False
-    if engine.token_ids:
-        body["return_token_ids"] = True
-        body["stream_interval"] = 1
-    if not parsed.stream:
-        body["stream_options"] = {"include_usage": True}
-    elif not engine.token_ids and not parsed.include_usage:
-        options = dict(body.get("stream_options") or {})
-        options["include_usage"] = True
-        body["stream_options"] = options
-        drop_usage = True
-    return orjson.dumps(body), drop_usage
-
 
 class Relay:
     """Runs a placed request to its one terminal outcome."""
@@ -128,7 +99,8 @@ class Relay:
         engine = self.engine
         engine.breaker.begin()
         self.judging = engine
-        body, drop_usage = engine_request(self.parsed, engine, self.kv_params)
+        body, drop_usage = engine_body(self.parsed, token_ids=engine.token_ids,
+                                        kv_params=self.kv_params)
         headers = self.router.forward_headers(self.ctx)
         timeout = self.deadlines.headers_by - self.loop.time()
         if timeout <= 0:
@@ -136,7 +108,7 @@ class Relay:
         self.dispatched_at = self.loop.time()
         try:
             upstream = await engine.client.open(
-                "POST", _PATHS[self.parsed.route], body, headers, timeout_s=timeout
+                "POST", ROUTE_PATHS[self.parsed.route], body, headers, timeout_s=timeout
             )
         except UpstreamError as exc:
             if exc.kind == "timeout" and self.loop.time() >= self.deadlines.headers_by - 1e-3:

@@ -19,32 +19,15 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from narwhal.errors import Refusal
+from narwhal.request.engine_body import ROUTE_PATHS, prefill_body
 from narwhal.scheduling.disagg import replace_prefill
 from narwhal.upstream.client import UpstreamError
 
 if TYPE_CHECKING:
-    from narwhal.admission.validate import Parsed
-    from narwhal.upstream.relay import Relay
+    from narwhal.flow.relay import Relay
 
 log = logging.getLogger("narwhal.disagg")
 
-PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
-REMOTE_DECODE: dict[str, Any] = {
-    "do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
-    "remote_block_ids": None, "remote_host": None, "remote_port": None,
-}
-_DROPPED = ("stream_options", "min_tokens", "min_completion_tokens")
-
-
-def prefill_body(parsed: Parsed) -> bytes:
-    """The prefill leg's body (TOY_PROXY step 2)."""
-    body: dict[str, Any] = {k: v for k, v in parsed.body.items() if k not in _DROPPED}
-    body["kv_transfer_params"] = dict(REMOTE_DECODE)
-    body["stream"] = False
-    body["max_tokens"] = 1
-    if "max_completion_tokens" in body:
-        body["max_completion_tokens"] = 1
-    return orjson.dumps(body)
 
 
 def request_id(relay: Relay) -> str:
@@ -134,7 +117,7 @@ async def _leg(relay: Relay, body: bytes) -> dict[str, Any] | None:
     headers = relay.router.forward_headers(relay.ctx)
     relay.dispatched_at = loop.time()
     try:
-        upstream = await engine.client.open("POST", PATHS[relay.parsed.route], body, headers,
+        upstream = await engine.client.open("POST", ROUTE_PATHS[relay.parsed.route], body, headers,
                                             timeout_s=timeout)
     except UpstreamError as exc:
         if exc.kind == "timeout" and loop.time() >= relay.deadlines.headers_by - 1e-3:
@@ -148,7 +131,7 @@ async def _leg(relay: Relay, body: bytes) -> dict[str, Any] | None:
     try:
         remaining = relay.deadlines.headers_by - loop.time()
         data = await asyncio.wait_for(upstream.read_all(), max(0.0, remaining))
-    except TimeoutError:
+    except asyncio.TimeoutError:
         upstream.abort()
         raise Refusal("deadline_expired") from None
     except UpstreamError as exc:

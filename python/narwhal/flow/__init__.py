@@ -1,0 +1,1 @@
+"""The request's journey: intake, admission wait, placement, engine attempts, relay, prefill leg."""

@@ -1,0 +1,1 @@
+"""A completion request as the router reads it: parsing and validation, deadlines, engine bodies."""
