@@ -35,9 +35,14 @@ class Board:
         """One offered request: offered += 1 and retained += 1, atomically. The bool:
         whether it took a retention place (fewer than retention_limit admitted requests
         were retained); either way the ticket is retained until finished."""
-    def acquire_slot(self, engine: int, phase: str, limit: int) -> Slot | None:
-        """phase "prefill" | "decode": a slot if fewer than limit are in flight on the
+    def acquire_slot(
+        self, engine: int, phase: str, limit: int, total_limit: int | None = None
+    ) -> Slot | None:
+        """phase "prefill" | "decode": a slot if fewer than limit of that phase (and, given
+        total_limit, fewer than total_limit of both phases together) are in flight on the
         engine (checked and taken atomically across processes), else None."""
+    def inflight(self, engine: int) -> tuple[int, int]:
+        """(prefill, decode) in flight on the engine across every process (lock-free)."""
     def set_engine_up(self, engine: int, up: bool) -> None: ...
     def observe(self, histogram: str, value: float) -> None:
         """histogram: "ttft" | "tpot" | "queue_wait" | "e2e" | "output_tokens" (seconds or

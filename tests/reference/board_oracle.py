@@ -151,13 +151,21 @@ class BoardOracle:
             self.retention_held += 1
         return OracleTicket(self, admitted), admitted
 
-    def acquire_slot(self, engine: int, phase: str, limit: int) -> OracleSlot | None:
+    def acquire_slot(self, engine: int, phase: str, limit: int,
+                     total_limit: int | None = None) -> OracleSlot | None:
         if phase not in PHASES or not 0 <= engine < len(self.inflight):
             raise ValueError(f"engine {engine} / phase {phase!r}")
         if self.inflight[engine][phase] >= limit:
             return None
+        if total_limit is not None and sum(self.inflight[engine].values()) >= total_limit:
+            return None
         self.inflight[engine][phase] += 1
         return OracleSlot(self, engine, phase)
+
+    def inflight_of(self, engine: int) -> tuple[int, int]:
+        if not 0 <= engine < len(self.inflight):
+            raise ValueError(f"engine {engine}")
+        return self.inflight[engine]["prefill"], self.inflight[engine]["decode"]
 
     def set_engine_up(self, engine: int, up: bool) -> None:
         if not 0 <= engine < len(self.up):

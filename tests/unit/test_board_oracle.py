@@ -102,12 +102,15 @@ class BoardMachine(RuleBasedStateMachine):
         engine=st.integers(min_value=0, max_value=ENGINES),
         phase=st.sampled_from((*PHASES, "x")),
         limit=limits,
+        total=st.none() | limits,
     )
-    def acquire(self, engine: int, phase: str, limit: int) -> None:
+    def acquire(self, engine: int, phase: str, limit: int, total: int | None) -> None:
         results = same_outcome(
-            lambda: self.board.acquire_slot(engine, phase, limit),
-            lambda: self.oracle.acquire_slot(engine, phase, limit),
+            lambda: self.board.acquire_slot(engine, phase, limit, total),
+            lambda: self.oracle.acquire_slot(engine, phase, limit, total),
         )
+        if 0 <= engine < ENGINES:
+            assert self.board.inflight(engine) == self.oracle.inflight_of(engine)
         slot, twin = results[0][1], results[1][1]
         assert (slot is None) == (twin is None)
         if slot is not None:

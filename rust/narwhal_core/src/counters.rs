@@ -242,11 +242,27 @@ impl Board {
         phase: Phase,
         limit: u64,
     ) -> Result<Option<Slot>, BoardError> {
+        self.acquire_slot_within(engine, phase, limit, u64::MAX)
+    }
+
+    /// Takes a phase slot on `engine` if fewer than `limit` of that phase and fewer than
+    /// `total_limit` of both phases together are in flight there (checked and taken under
+    /// the lock, so the bounds hold across processes).
+    pub fn acquire_slot_within(
+        &self,
+        engine: usize,
+        phase: Phase,
+        limit: u64,
+        total_limit: u64,
+    ) -> Result<Option<Slot>, BoardError> {
         self.check_engine(engine)?;
         let (cell, mine) = self.slot_cells(engine, phase);
+        let engine_cell = &self.engine_cells()[engine];
         let acquired = {
             let _lock = self.region.lock();
-            let free = cell.load(Ordering::Relaxed) < limit;
+            let total = engine_cell.prefill.load(Ordering::Relaxed)
+                + engine_cell.decode.load(Ordering::Relaxed);
+            let free = cell.load(Ordering::Relaxed) < limit && total < total_limit;
             if free {
                 add(cell, 1);
                 add32(mine, 1);
@@ -270,6 +286,17 @@ impl Board {
             Phase::Prefill => (&cell.prefill, &mine.prefill),
             Phase::Decode => (&cell.decode, &mine.decode),
         }
+    }
+
+    /// Requests in flight on `engine` in each phase, `(prefill, decode)`, across every
+    /// process (a lock-free read: each value is exact, the pair may straddle a change).
+    pub fn inflight(&self, engine: usize) -> Result<(u64, u64), BoardError> {
+        self.check_engine(engine)?;
+        let cell = &self.engine_cells()[engine];
+        Ok((
+            cell.prefill.load(Ordering::Relaxed),
+            cell.decode.load(Ordering::Relaxed),
+        ))
     }
 
     /// Sets an engine's `up` gauge.

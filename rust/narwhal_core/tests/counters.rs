@@ -235,6 +235,31 @@ fn limits_are_exact() {
 }
 
 #[test]
+fn a_total_limit_bounds_both_phases_together() {
+    let board = Board::private(1).unwrap();
+    let p1 = board
+        .acquire_slot_within(0, Phase::Prefill, 4, 2)
+        .unwrap()
+        .unwrap();
+    let d1 = board.acquire_slot(0, Phase::Decode, 4).unwrap().unwrap();
+    assert_eq!(board.inflight(0).unwrap(), (1, 1));
+    assert!(
+        board
+            .acquire_slot_within(0, Phase::Prefill, 4, 2)
+            .unwrap()
+            .is_none(),
+        "two in flight of two allowed in all"
+    );
+    drop(d1);
+    let p2 = board.acquire_slot_within(0, Phase::Prefill, 4, 2).unwrap();
+    assert!(p2.is_some());
+    assert_eq!(board.inflight(0).unwrap(), (2, 0));
+    drop((p1, p2));
+    assert_eq!(board.inflight(0).unwrap(), (0, 0));
+    assert!(board.inflight(1).is_err());
+}
+
+#[test]
 fn guards_are_exactly_once() {
     let board = Board::private(1).unwrap();
     let (mut t, _) = board.arrive(10);

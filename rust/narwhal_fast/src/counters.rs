@@ -52,13 +52,24 @@ impl PyBoard {
         (PyTicket { ticket }, admitted)
     }
 
-    fn acquire_slot(&self, engine: usize, phase: &str, limit: u64) -> PyResult<Option<PySlot>> {
+    #[pyo3(signature = (engine, phase, limit, total_limit = None))]
+    fn acquire_slot(
+        &self,
+        engine: usize,
+        phase: &str,
+        limit: u64,
+        total_limit: Option<u64>,
+    ) -> PyResult<Option<PySlot>> {
         let phase = self::phase(phase)?;
         let slot = self
             .board
-            .acquire_slot(engine, phase, limit)
+            .acquire_slot_within(engine, phase, limit, total_limit.unwrap_or(u64::MAX))
             .map_err(py_err)?;
         Ok(slot.map(|slot| PySlot { slot }))
+    }
+
+    fn inflight(&self, engine: usize) -> PyResult<(u64, u64)> {
+        self.board.inflight(engine).map_err(py_err)
     }
 
     fn set_engine_up(&self, engine: usize, up: bool) -> PyResult<()> {
@@ -102,7 +113,7 @@ fn acquire_slot(
     phase: &str,
     limit: u64,
 ) -> PyResult<Option<PySlot>> {
-    board.acquire_slot(engine, phase, limit)
+    board.acquire_slot(engine, phase, limit, None)
 }
 
 /// One retained request; finishing is exactly-once, dropping finishes it as cancelled.
