@@ -92,6 +92,7 @@ class EngineConfig:
     max_decode: int = field(default=256, metadata=rule(int, ge=1))
     api_key_env: str | None = field(default=None, metadata=rule(str, optional=True, check=env_name))
     weight: float = field(default=1.0, metadata=rule(float, gt=0))
+    header_timeout_s: float = field(default=5.0, metadata=rule(float, gt=0))
 
     @property
     def host(self) -> str:
