@@ -112,13 +112,14 @@ class EngineConfig:
 
 @dataclass(frozen=True, slots=True)
 class Health:
-    """Engine probing and the monitoring-degraded threshold."""
+    """Engine probing, the monitoring-degraded threshold and the outlier-ejection cap."""
 
     interval_s: float = field(default=1.0, metadata=rule(float, gt=0))
     timeout_s: float = field(default=1.0, metadata=rule(float, gt=0))
     failures_to_evict: int = field(default=3, metadata=rule(int, ge=1))
     successes_to_restore: int = field(default=2, metadata=rule(int, ge=1))
     monitoring_stale_s: float = field(default=10.0, metadata=rule(float, gt=0))
+    max_ejected_percent: int = field(default=50, metadata=rule(int, ge=0, le=100))
 
 
 @dataclass(frozen=True, slots=True)
