@@ -160,5 +160,6 @@ def test_probe_loop_runs_rounds_at_a_fixed_rate() -> None:
 def test_breakers_take_the_health_thresholds() -> None:
     engine = _engine(_closed_port())
     HealthMonitor([engine], CONFIG, lambda e: None)
-    assert engine.breaker.threshold == 3
-    assert abs(engine.breaker.cooldown_s - 0.15) < 1e-9
+    fleet = engine.breaker.fleet
+    assert fleet.threshold == 3 and fleet.max_ejected_percent == 50
+    assert abs(fleet.base_s - 0.15) < 1e-9

@@ -1,11 +1,12 @@
-"""One engine as the router sees it: its configuration, connection pool, health and drain state."""
+"""One engine as the router sees it: its configuration, connection pool, health, drain and
+ejection state."""
 
 from __future__ import annotations
 
 import enum
 from typing import TYPE_CHECKING, Any
 
-from narwhal.fleet.breaker import Breaker
+from narwhal.fleet.outlier import Outlier
 from narwhal.upstream.client import EngineClient
 
 if TYPE_CHECKING:
@@ -49,7 +50,7 @@ class Engine:
         self.consecutive_successes = 0
         self.last_probe_ok: float | None = None
         self.load: dict[str, float] = {}
-        self.breaker = Breaker(config.name)  # thresholds set by the health monitor
+        self.breaker = Outlier(config.name)  # joined to its fleet by the health monitor
 
     @property
     def name(self) -> str:
@@ -74,15 +75,15 @@ class Engine:
             return "circuit_open"
         return self.health.value
 
+    def passes(self) -> bool:
+        """Healthy (passing its probes), not drained, not in maintenance: placeable unless
+        outlier ejection holds it out."""
+        return self.health is Health.HEALTHY and not self.draining and not self.maintenance
+
     def serves(self) -> bool:
-        """Healthy, not drained, circuit not open: accepting new placements (phase capacity
-        is checked by the scheduler)."""
-        return (
-            self.health is Health.HEALTHY
-            and not self.draining
-            and not self.maintenance
-            and self.breaker.allows()
-        )
+        """Placeable and not ejected: accepting new placements (phase capacity is checked by
+        the scheduler)."""
+        return self.passes() and self.breaker.allows()
 
     def describe(self, inflight: dict[str, int]) -> dict[str, Any]:
         cfg = self.config
@@ -95,6 +96,9 @@ class Engine:
             "state": self.state,
             "health": self.health.value,
             "breaker": self.breaker.describe(),
+            "attempts": self.breaker.attempts,
+            "failures": dict(self.breaker.failures),
+            "ejection": self.breaker.snapshot(),
             "token_accounting": self.token_accounting,
             "inflight": inflight,
             "max_prefill": cfg.max_prefill,

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from narwhal.fleet.engine import Engine, Health
+from narwhal.fleet.outlier import Fleet
 from narwhal.upstream.client import UpstreamError
 
 if TYPE_CHECKING:
@@ -36,9 +37,10 @@ class HealthMonitor:
     monitoring-degraded. Staleness is measured from the last probe that established a state,
     so a monitoring loop that stalls (not only probes that hang) also counts.
 
-    It also sets each engine's circuit breaker: ``failures_to_evict`` consecutive failed
-    request attempts open it, for a cool-down of ``failures_to_evict * interval_s`` (about
-    the time probing takes to evict a dead engine).
+    It also joins the engines' outlier detection into one fleet (:mod:`narwhal.fleet.outlier`):
+    ``failures_to_evict`` consecutive transport failures eject an engine, for a base time of
+    ``failures_to_evict * interval_s`` (about the time probing takes to evict a dead engine),
+    and at most ``max_ejected_percent`` of the engines are ejected at once.
     """
 
     def __init__(
@@ -55,11 +57,19 @@ class HealthMonitor:
         self.rounds = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
+        self.outliers = Fleet(
+            engines,
+            threshold=config.failures_to_evict,
+            base_s=config.failures_to_evict * config.interval_s,
+            max_ejected_percent=config.max_ejected_percent,
+        )
         for engine in engines:
-            breaker = engine.breaker
-            breaker.threshold = config.failures_to_evict
-            breaker.cooldown_s = config.failures_to_evict * config.interval_s
-            breaker.on_change = self._notifier(engine)
+            self.adopt(engine)
+
+    def adopt(self, engine: Engine) -> None:
+        """Join ``engine`` to the fleet's outlier detection (an engine added to the live
+        list later needs this too)."""
+        engine.breaker.join(self.outliers, engine, self._notifier(engine))
 
     def _notifier(self, engine: Engine) -> Callable[[], None]:
         def notify() -> None:
