@@ -8,7 +8,6 @@ supervisor (``supervisor.py``) profiles engines when they join and when drift sa
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -19,49 +18,17 @@ from narwhal._narwhal_fast import Slot
 from narwhal.fleet.engine import Engine
 from narwhal.learning.drift import Drift
 from narwhal.learning.latency import DEFAULT_PREFILL, PrefillModel
-from narwhal.learning.occupancy import Demand, EngineLoad, PendingBook, Track
+from narwhal.learning.learned import EngineLearned
+from narwhal.learning.occupancy import Demand, PendingBook, Track
 from narwhal.learning.output_length import OutputLengths
 from narwhal.learning.supervisor import Supervisor
-from narwhal.learning.tpot import TpotModel, attempt_tpot
+from narwhal.learning.tpot import attempt_tpot
 
 if TYPE_CHECKING:
     from narwhal.config import Config
 
-TTFT_DRIFT_FLOOR_S = 0.02
-"""Prefill predictions below this count as this much when scoring drift (jitter guard)."""
-TPOT_DRIFT_FLOOR_S = 0.002
 MIN_TPOT_TOKENS = 3
 """A decode attempt is scored for TPOT when at least this many tokens followed its first read."""
-
-
-class EngineLearned:
-    """Everything learned about one engine, and its projected load in this process."""
-
-    __slots__ = ("drift_tpot", "drift_ttft", "due", "engine", "error", "failures",
-                 "last_prefill", "load", "prefill", "profile_reason", "profiled_at",
-                 "profiled_mono", "profiles", "profiling", "retry_at", "tpot", "wanted_at")
-
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-        self.prefill: PrefillModel | None = None
-        self.tpot = TpotModel()
-        self.drift_ttft = Drift(TTFT_DRIFT_FLOOR_S)
-        self.drift_tpot = Drift(TPOT_DRIFT_FLOOR_S)
-        self.load = EngineLoad()
-        self.profiled_at: float | None = None  # Unix time of the last profile
-        self.profiled_mono = -math.inf
-        self.profile_reason: str | None = None  # join | drift_ttft | drift_tpot | restored
-        self.profiles = 0
-        self.failures = 0  # failed profiles since the last good one
-        self.error: str | None = None  # why the last profile failed
-        self.profiling = False
-        self.due: str | None = None  # why a re-profile is wanted
-        self.wanted_at = 0.0  # Unix time it became wanted
-        self.retry_at = 0.0  # monotonic time before which no profile is tried
-        self.last_prefill: tuple[float, float] | None = None  # (predicted, observed) seconds
-
-    def profiled(self) -> bool:
-        return self.prefill is not None
 
 
 class Learning:
@@ -79,7 +46,15 @@ class Learning:
         self.output = OutputLengths()
         self.pending = PendingBook()
         self.on_profiled: Callable[[Engine], None] | None = None
-        self.supervisor = Supervisor(self, config, shared_path)
+        self.supervisor = Supervisor(
+            self.learned, self.output, self._profiled,
+            model=config.model if config is not None else "",
+            state_file=config.state_file if config is not None else None,
+            shared_path=shared_path)
+
+    def _profiled(self, engine: Engine) -> None:
+        if self.on_profiled is not None:
+            self.on_profiled(engine)
 
     # -- what placement and admission ask ---------------------------------------------------
     def profiled(self, engine: Engine) -> bool:

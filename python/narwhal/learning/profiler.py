@@ -214,14 +214,17 @@ class Profiler:
 
         upstream.set_sink(on_data, on_end)
         left = self.timeout_s - (time.monotonic() - track.placed_at)
+        # A timer, not wait_for: no timeout type that differs by version, and a cancellation
+        # that lands as the probe finishes is never dropped (wait_for on 3.11 drops it).
+        timer = loop.call_later(max(0.0, left), fail,
+                                ProfileError("engine_error", "the probe timed out"))
         try:
-            await asyncio.wait_for(done, max(0.0, left))
-        except TimeoutError:
-            upstream.abort()
-            raise ProfileError("engine_error", "the probe timed out") from None
+            await done
         except BaseException:
-            upstream.abort()  # failed or cancelled mid-stream: the connection is not reusable
+            upstream.abort()  # failed, timed out or cancelled: the connection is not reusable
             raise
+        finally:
+            timer.cancel()
         if not reads:
             raise ProfileError("malformed_engine_output", "the probe produced no tokens")
         load.release(track, time.monotonic())

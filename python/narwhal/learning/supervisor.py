@@ -2,32 +2,34 @@
 
 One background task wakes on demand (an engine changed, drift crossed the threshold) or
 every second, starts at most a few profiles at once, backs off after failures (1 s, 2 s,
-4 s, ... 30 s) and writes the learned state to the state file when it changed.
+4 s, ... 30 s) and writes the learned state to the state file when it changed. Stopping is
+bounded: a task that does not end within ``STOP_WAIT_S`` of its cancellation is logged and
+left behind rather than waited for.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from narwhal.fleet.engine import Health
+from narwhal.fleet.engine import Engine, Health
 from narwhal.learning.latency import PrefillModel
+from narwhal.learning.learned import EngineLearned
+from narwhal.learning.output_length import OutputLengths
 from narwhal.learning.persistence import read_section, write_section
 from narwhal.learning.profiler import Profile, ProfileError, Profiler
 from narwhal.learning.workers import WorkerLocks
-
-if TYPE_CHECKING:
-    from narwhal.config import Config
-    from narwhal.learning.model import EngineLearned, Learning
 
 log = logging.getLogger("narwhal.learning")
 
 TICK_S = 1.0
 START_WAIT_S = 15.0
 """In predictive mode, how long start-up waits for the first profiles of healthy engines."""
+STOP_WAIT_S = 1.0
+"""How long ``stop`` waits for its cancelled tasks to end."""
 MAX_CONCURRENT_PROFILES = 4
 BACKOFF_S = (1.0, 30.0)
 SAVE_INTERVAL_S = 30.0
@@ -39,17 +41,39 @@ STATE_KEY = "learned"
 STATE_VERSION = 1
 
 
-class Supervisor:
-    """Runs profiles for a :class:`Learning` and keeps its state file."""
+async def sleep_or_wake(event: asyncio.Event, timeout_s: float) -> None:
+    """Return when ``event`` is set or ``timeout_s`` has passed (the timer sets it).
 
-    def __init__(self, learning: Learning, config: Config | None,
-                 shared_path: str | None = None) -> None:
-        self.learning = learning
+    Not ``wait_for(event.wait(), ...)``: on Python 3.11 that returns normally when the task
+    is cancelled just as the wait completes, dropping the cancellation, and its timeout
+    exception is ``asyncio.TimeoutError``, not the builtin, before 3.11. A cancellation here
+    always propagates.
+    """
+    timer = asyncio.get_running_loop().call_later(timeout_s, event.set)
+    try:
+        await event.wait()
+    finally:
+        timer.cancel()
+
+
+class Supervisor:
+    """Profiles the engines of ``learned`` and keeps the state file of them and ``output``.
+
+    ``on_profiled(engine)`` is called after each good profile; ``shared_path``: a file every
+    worker process opens, to take turns profiling (None in a single process).
+    """
+
+    def __init__(self, learned: Sequence[EngineLearned], output: OutputLengths,
+                 on_profiled: Callable[[Engine], None], *, model: str,
+                 state_file: str | None = None, shared_path: str | None = None) -> None:
+        self.learned = learned
+        self.output = output
+        self.on_profiled = on_profiled
         self.locks = WorkerLocks(shared_path)
         self.started_at = time.time()
-        self.profiler = Profiler(config.model if config is not None else "")
-        self.state_file = config.state_file if config is not None else None
-        self.outcomes = [[0, 0] for _ in learning.engines]  # [ok, failed] per engine
+        self.profiler = Profiler(model)
+        self.state_file = state_file
+        self.outcomes = [[0, 0] for _ in learned]  # [ok, failed] per engine
         self.dirty = False
         self._saved_at = time.monotonic()
         self._wake: asyncio.Event | None = None
@@ -67,7 +91,7 @@ class Supervisor:
         self._wake = asyncio.Event()
         self._slots = asyncio.Semaphore(MAX_CONCURRENT_PROFILES)
         self.locks.open()
-        self._task = asyncio.get_running_loop().create_task(self._run())
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="learning")
         if wait:
             await self._first_profiles(START_WAIT_S)
 
@@ -78,17 +102,23 @@ class Supervisor:
         while time.monotonic() < deadline:
             if not any(e.engine.health is Health.HEALTHY and e.prefill is None
                        and e.failures == 0 and e.engine.config.role != "decode"
-                       for e in self.learning.learned):
+                       for e in self.learned):
                 return
             await asyncio.sleep(0.02)
 
     async def stop(self) -> None:
-        tasks = [t for t in (self._task, *self._running) if t is not None]
+        """Cancel the loop and the running profiles, wait for them (bounded), save."""
+        tasks = [t for t in (self._task, *self._running) if t is not None and not t.done()]
         for task in tasks:
             task.cancel()
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=STOP_WAIT_S)
+            for task in pending:
+                log.warning("learning task %s did not stop within %.1f s of its cancellation; "
+                            "left behind", task.get_name(), STOP_WAIT_S)
         for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                log.error("learning task %s failed", task.get_name(), exc_info=task.exception())
         self._task = None
         self.locks.close()
         if self.dirty:
@@ -101,15 +131,14 @@ class Supervisor:
             self._kick()
             if self.dirty and time.monotonic() - self._saved_at >= SAVE_INTERVAL_S:
                 await self._save_soon()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), self._next_tick())
+            await sleep_or_wake(wake, self._next_tick())
             wake.clear()
 
     def _next_tick(self) -> float:
         """Seconds to sleep: a tick, or less when a due re-profile becomes allowed sooner."""
         now = time.monotonic()
         wait = TICK_S
-        for learned in self.learning.learned:
+        for learned in self.learned:
             if learned.due is not None and not learned.profiling:
                 allowed = max(learned.retry_at, learned.profiled_mono + REPROFILE_MIN_INTERVAL_S)
                 wait = min(wait, max(0.01, allowed - now))
@@ -118,10 +147,11 @@ class Supervisor:
     def _kick(self) -> None:
         now = time.monotonic()
         loop = asyncio.get_running_loop()
-        for learned in self.learning.learned:
+        for learned in self.learned:
             if self._wants(learned, now):
                 learned.profiling = True
-                task = loop.create_task(self._profile(learned))
+                task = loop.create_task(self._profile(learned),
+                                        name=f"profile {learned.engine.name}")
                 self._running.add(task)
                 task.add_done_callback(self._running.discard)
 
@@ -156,8 +186,7 @@ class Supervisor:
             log.exception("profiling %s failed", engine.name)
             self._failed(learned, f"internal_error: {exc}")
         else:
-            if self.learning.on_profiled is not None:
-                self.learning.on_profiled(engine)
+            self.on_profiled(engine)
         finally:
             learned.profiling = False
             self.wake()
@@ -195,7 +224,7 @@ class Supervisor:
     # -- the state file ---------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
         engines: dict[str, Any] = {}
-        for learned in self.learning.learned:
+        for learned in self.learned:
             if learned.prefill is None:
                 continue
             engines[learned.engine.name] = {
@@ -206,7 +235,7 @@ class Supervisor:
                 "profiled_at": learned.profiled_at,
             }
         return {"version": STATE_VERSION, "saved_at": time.time(), "engines": engines,
-                "output_length": self.learning.output.as_json()}
+                "output_length": self.output.as_json()}
 
     def _adopt(self, learned: EngineLearned, wanted_at: float, reason: str) -> bool:
         """Take a peer worker's profile of the engine from the state file when it is recent
@@ -253,10 +282,10 @@ class Supervisor:
             return
         engines = data.get("engines")
         if isinstance(engines, dict):
-            for learned in self.learning.learned:
+            for learned in self.learned:
                 if self._take(learned, engines.get(learned.engine.name)):
                     learned.profile_reason = "restored"
-        self.learning.output.load(data.get("output_length"))
+        self.output.load(data.get("output_length"))
 
     def save(self) -> bool:
         """Write the learned state now (blocking); True when written or nothing to do."""
