@@ -64,18 +64,19 @@ def _wrap_first_token() -> None:
 
 def _wrap_handler_start() -> None:
     try:
-        router = importlib.import_module("narwhal.api.router").Router
-        original = router.completion
+        flow = importlib.import_module("narwhal.flow.completion").CompletionFlow
+        original = flow.run
     except (ImportError, AttributeError):
+        SAMPLES["(probe missing: CompletionFlow.run)"] = []
         return
 
     @functools.wraps(original)
-    async def completion(self: Any, request: Any, responder: Any, ctx: Any) -> Any:
+    async def run(self: Any, request: Any, responder: Any, ctx: Any) -> Any:
         lag = asyncio.get_running_loop().time() - ctx.arrival
         SAMPLES["arrival -> handler task runs"].append(lag)
         return await original(self, request, responder, ctx)
 
-    router.completion = completion
+    flow.run = run
 
 
 async def _loop_lag() -> None:

@@ -15,10 +15,8 @@ from collections.abc import Callable
 import uvloop
 
 from narwhal._narwhal_fast import Board
-from narwhal.admission.wake import WorkerWake
-from narwhal.api.router import Router
+from narwhal.app import Narwhal
 from narwhal.config import Config
-from narwhal.fleet.shared_admin import SharedAdmin
 from narwhal.server.http import HttpServer, ServerLimits
 
 log = logging.getLogger("narwhal")
@@ -47,29 +45,23 @@ async def run_worker(
 ) -> None:
     """Serve until SIGTERM/SIGINT, then drain in-flight requests within the grace period."""
     loop = asyncio.get_running_loop()
-    router = Router(config, board)
-    if wake_fds is not None and board.path is not None:
-        shared = SharedAdmin(f"{board.path}.admin.json", router.state, lambda: None)
-        wake = WorkerWake(loop, wake_fds[0], wake_fds[1], router.queue.kick, shared.apply)
-        shared.notify_peers = wake.notify_admin
-        router.queue.notify_peers = wake.notify
-        router.admin.shared = shared
+    narwhal = Narwhal(config, board, worker_wake=wake_fds)
     server = HttpServer(
-        router,
+        narwhal.router,
         limits_of(config),
         loop,
         log_exception=lambda req: log.exception("handler failed for %s", req.path),
     )
     bound = await server.listen(config.listen.host, port, reuse_port=reuse_port)
-    await router.start()
+    await narwhal.start()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     on_ready(bound)
     await stop.wait()
-    router.draining = True
+    narwhal.drain()
     await server.shutdown(config.serving.shutdown_grace_s)
-    await router.stop()
+    await narwhal.stop()
 
 
 def _ready_line(config: Config, port: int, workers: int, extra: str = "") -> str:

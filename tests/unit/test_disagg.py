@@ -12,7 +12,6 @@ from narwhal.learning.latency import PrefillModel
 from narwhal.learning.occupancy import Demand
 from narwhal.request.engine_body import REMOTE_DECODE, engine_body, prefill_body
 from narwhal.request.parse import parse_request
-from narwhal.scheduling.disagg import replace_prefill
 from narwhal.scheduling.placement import Scheduler
 from narwhal.upstream.client import EngineClient
 
@@ -64,14 +63,11 @@ def test_split_placement_holds_a_prefill_and_a_reserved_decode_slot() -> None:
     assert second is not None and second.split is not None
     assert second.split.engine is engines[2]
     for p in (placed, second):
-        p.prefill.release()
-        sched.leave(p.engine, "prefill")
-        assert p.split is not None
-        p.split.release(sched)
-        p.split.release(sched)  # idempotent
+        assert sched.release(p)
+        assert not sched.release(p)  # idempotent
     snap = sched.board.snapshot()["engines"]
     assert all(row["prefill"] == 0 and row["decode"] == 0 for row in snap)
-    assert sched.decode_local == [0, 0, 0] and sched.prefill_local == [0, 0, 0]
+    assert all(sched.board.inflight(i) == (0, 0) for i in range(3))
 
 
 def test_mixed_or_split_by_projected_ttft() -> None:
@@ -101,19 +97,57 @@ def test_unprofiled_choice_is_least_loaded() -> None:
 def test_no_decode_capacity_falls_back_to_mixed() -> None:
     engines = fleet("mixed", "prefill", "decode")
     sched = scheduler(engines, rates={0: 10_000.0, 1: 40_000.0})
-    sched.decode_local[2] = engines[2].config.max_decode  # no decode slot to come
+    held = [sched.board.acquire_slot(2, "decode", 4) for _ in range(4)]  # no decode slot
+    assert all(held)
     placed = sched.try_place(demand=Demand(4000))
     assert placed is not None and placed.split is None and placed.engine is engines[0]
 
 
-def test_replace_prefill_excludes_the_failed_engine() -> None:
+def test_replace_prefill_excludes_the_failed_engine_and_keeps_the_decode_half() -> None:
     engines = fleet("prefill", "prefill", "decode")
     sched = scheduler(engines)
-    other = replace_prefill(sched, Demand(10), engines[0])
-    assert other is not None and other[0] is engines[1]
-    assert replace_prefill(sched, Demand(10), engines[1]) is not None
-    engines[0].draining = True
-    assert replace_prefill(sched, Demand(10), engines[1]) is None
+    placed = sched.try_place(demand=Demand(10))
+    assert placed is not None and placed.split is not None
+    failed = placed.engine
+    other = sched.replace_prefill(placed, Demand(10))
+    assert other is not None and other.engine is not failed
+    assert other.split is not None and placed.split is None  # the reserved slot moved over
+    sched.release(placed)
+    assert sched.board.inflight(engines[2].index) == (0, 1)
+    failed.draining = True
+    assert sched.replace_prefill(other, Demand(10)) is None
+    assert other.split is not None  # kept when no replacement was found
+    sched.release(other)
+    assert all(sched.board.inflight(i) == (0, 0) for i in range(3))
+
+
+def test_the_decode_leg_keeps_the_reserved_slot_and_frees_the_prefill_slot() -> None:
+    engines = fleet("prefill", "decode")
+    sched = scheduler(engines)
+    placed = sched.try_place(demand=Demand(10))
+    assert placed is not None and placed.split is not None
+    leg = sched.decode_leg(placed)
+    assert leg.engine is engines[1] and not leg.in_prefill
+    assert sched.board.inflight(0) == (0, 0) and sched.board.inflight(1) == (0, 1)
+    assert sched.release(leg)
+    assert sched.board.inflight(1) == (0, 0)
+
+
+def test_a_mixed_engine_is_placed_only_with_a_decode_slot_to_come() -> None:
+    engines = fleet("mixed")  # max_decode 4, max_prefill 16
+    sched = scheduler(engines)
+    held = [sched.try_place(demand=Demand(10)) for _ in range(5)]
+    assert all(p is not None for p in held[:4]) and held[4] is None
+    for p in held[:4]:
+        assert p is not None
+        p.enter_decode()
+        assert p.decode is not None and p.prefill is None
+    assert sched.board.inflight(0) == (0, 4)
+    assert sched.try_place(demand=Demand(10)) is None
+    first = held[0]
+    assert first is not None
+    sched.release(first)
+    assert sched.try_place(demand=Demand(10)) is not None
 
 
 def test_prefill_body_follows_the_nixl_proxy() -> None:

@@ -18,7 +18,6 @@ from narwhal.errors.table import (
 from narwhal.server.responses import (
     STATUS_LINES,
     error_body,
-    failure_response,
     midstream_error_event,
     refusal_response,
     status_line,
@@ -179,12 +178,11 @@ def test_error_body_is_compact_and_keeps_unicode() -> None:
     assert body == '{"error":{"message":"naïve ☃","type":"t","param":null,"code":null}}'.encode()
 
 
-def test_failure_response_maps_anything() -> None:
-    assert failure_response(Refusal("queue_full"))[0] == 429
-    status, headers, body = failure_response(RuntimeError("boom"))
+def test_a_handler_bug_is_a_500_that_leaks_nothing() -> None:
+    status, headers, body = refusal_response(Refusal("internal_error"))
     assert status == 500 and headers == []
-    assert orjson.loads(body)["error"]["code"] == "internal_error"
-    assert b"boom" not in body  # internals never leak to the client
+    error = orjson.loads(body)["error"]
+    assert (error["code"], error["type"]) == ("internal_error", "server_error")
 
 
 def test_midstream_event_exact_bytes() -> None:

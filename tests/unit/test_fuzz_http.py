@@ -92,7 +92,7 @@ class CountingApp:
         self.early.add(id(request))
         return EarlyResponse(413, b"chunked too big", close=True)
 
-    def on_abandon(self, request: Request) -> None:
+    def on_abandon(self, request: Request, *, malformed: bool = False) -> None:
         self.abandoned.append(id(request))
 
     async def handle(self, request: Request, responder: Responder) -> None:

@@ -62,7 +62,7 @@ class EchoApp:
     def on_body_too_large(self, request: Request) -> EarlyResponse:
         return EarlyResponse(413, b"chunked too big", close=True)
 
-    def on_abandon(self, request: Request) -> None:
+    def on_abandon(self, request: Request, *, malformed: bool = False) -> None:
         self.abandoned.append(request.path)
 
     async def handle(self, request: Request, responder: Responder) -> None:

@@ -87,9 +87,7 @@ def test_ties_go_to_the_lower_decode_load_per_weight() -> None:
     for _ in range(3):
         nxt = sched.try_place(demand=Demand(10))
         assert nxt is not None and nxt.engine is not busy
-        nxt.prefill.release()
-        sched.learning.release(nxt.track)
-        sched.leave(nxt.engine, "prefill")
+        sched.release(nxt)
 
 
 def test_slots_are_respected() -> None:
@@ -98,8 +96,7 @@ def test_slots_are_respected() -> None:
     sched = scheduler(engines)
     held = [sched.try_place(demand=Demand(10)) for _ in range(3)]
     assert held[2] is None and held[0] is not None
-    held[0].prefill.release()
-    sched.leave(engines[0], "prefill")
+    sched.release(held[0])
     assert sched.try_place(demand=Demand(10)) is not None
 
 
@@ -118,8 +115,7 @@ def _run(sched: Scheduler, demand: Demand, *, decode_tokens: int) -> Placement:
     placement = sched.try_place(demand=demand)
     assert placement is not None
     sched.learning.on_first_token(placement.track, 0.0)
-    placement.prefill.release()
-    sched.enter_decode(placement.engine)
+    placement.enter_decode()
     placement.track.tokens = decode_tokens
     return placement
 
@@ -158,7 +154,7 @@ def test_prefix_affinity_prefers_home_among_equals() -> None:
         placement = _run(sched, demand, decode_tokens=64)
         homes.add(placement.engine.name)
         sched.learning.on_end(placement.track, 1.0, completed=True)
-        sched.leave(placement.engine, "decode")
+        sched.release(placement)
     assert len(homes) == 1
 
 
@@ -189,7 +185,5 @@ def test_placement_is_fast_enough_for_every_request() -> None:
     for _ in range(500):
         p = sched.try_place(demand=Demand(100))
         assert p is not None
-        p.prefill.release()
-        sched.learning.release(p.track)
-        sched.leave(p.engine, "prefill")
+        sched.release(p)
     assert (time.perf_counter() - start) / 500 < 0.001

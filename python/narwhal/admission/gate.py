@@ -46,11 +46,7 @@ class AdmissionQueue:
             raise Refusal(code) from None
         except BaseException:
             if future.done() and not future.cancelled() and future.exception() is None:
-                future.result().prefill.release()  # placed as we were cancelled: give it back
-                self.scheduler.leave(future.result().engine, "prefill")
-                split = future.result().split
-                if split is not None:  # a disaggregated placement's reserved decode slot
-                    split.release(self.scheduler)
+                self.scheduler.release(future.result())  # placed as we were cancelled
             raise
         finally:
             timer.cancel()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hmac
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -12,11 +12,11 @@ from narwhal.errors import Refusal
 from narwhal.fleet.engine import Engine
 from narwhal.fleet.ha import StaticRole
 from narwhal.fleet.maintenance import UnknownWave
+from narwhal.fleet.state import RouterState
 from narwhal.server.http import Request, Responder
 from narwhal.server.responses import refusal_response
 
 if TYPE_CHECKING:
-    from narwhal.api.router import Router
     from narwhal.fleet.shared_admin import SharedAdmin
 
 _ROLES = ("active", "standby")
@@ -38,14 +38,17 @@ class AdminApi:
     * ``GET /admin/state``: role, lease and epoch, maintenance, drains, monitoring
     """
 
-    def __init__(self, router: Router):
-        self.router = router
-        self._token = (router.config.admin.token or "").encode()
-        self.shared: SharedAdmin | None = None  # set when several workers serve one port
+    def __init__(self, token: str | None, state: RouterState, engines: Sequence[Engine],
+                 shared: SharedAdmin | None = None):
+        """``shared``: the admin state file of several workers serving one port."""
+        self._token = (token or "").encode()
+        self.state = state
+        self.engines = engines
+        self.shared = shared
         self._routes: dict[str, tuple[str, Callable[[Any], dict[str, Any]]]] = {
             "/admin/maintenance": ("POST", self._maintenance),
             "/admin/role": ("POST", self._role),
-            "/admin/state": ("GET", lambda _body: self.router.state.describe()),
+            "/admin/state": ("GET", lambda _body: self.state.describe()),
         }
 
     async def handle(self, request: Request, responder: Responder) -> None:
@@ -83,7 +86,7 @@ class AdminApi:
             return route
         if path.startswith(_DRAIN_PREFIX) and path.endswith(_DRAIN_SUFFIX):
             name = path[len(_DRAIN_PREFIX) : -len(_DRAIN_SUFFIX)]
-            for engine in self.router.engines:
+            for engine in self.engines:
                 if engine.name == name:
                     return "POST", lambda body, engine=engine: self._drain(engine, body)
             raise Refusal("not_found", f"No engine named {name!r}")
@@ -108,7 +111,7 @@ class AdminApi:
 
     # -- actions --------------------------------------------------------------------------
     def _maintenance(self, body: dict[str, Any]) -> dict[str, Any]:
-        maintenance = self.router.state.maintenance
+        maintenance = self.state.maintenance
         waves = body.get("waves")
         if not isinstance(waves, list) or not waves:
             raise Refusal("invalid_request", "'waves' must be a non-empty list of wave names.",
@@ -127,7 +130,7 @@ class AdminApi:
         return {"maintenance": maintenance.describe()}
 
     def _drain(self, engine: Engine, body: dict[str, Any]) -> dict[str, Any]:
-        self.router.state.maintenance.drain(engine, self._enabled(body))
+        self.state.maintenance.drain(engine, self._enabled(body))
         return {"engine": engine.name, "draining": engine.draining, "state": engine.state}
 
     def _role(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -135,7 +138,7 @@ class AdminApi:
         if role not in _ROLES:
             raise Refusal("invalid_request", "'role' must be \"active\" or \"standby\".",
                           param="role")
-        ha = self.router.state.ha
+        ha = self.state.ha
         if not isinstance(ha, StaticRole):
             raise _Conflict(
                 "The role is decided by the lease backend (ha.lease.backend); stop this "

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -17,9 +17,10 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
 from narwhal._narwhal_fast import Board
+from narwhal.fleet.engine import Engine
 
-CONTENT_TYPE = CONTENT_TYPE_LATEST.encode()
-"""The `Content-Type` of `render()`'s output."""
+CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
+"""The `Content-Type` of `render()`'s output (the text format `generate_latest` writes)."""
 
 REASON = "reason"
 ENGINE = "engine"
@@ -162,7 +163,7 @@ def build_registry(
     extra: Callable[[], Iterable[Metric]] | None = None,
 ) -> CollectorRegistry:
     """A registry holding only the board's collector (no per-process default metrics)."""
-    registry = CollectorRegistry()
+    registry = CollectorRegistry(auto_describe=False)
     registry.register(BoardCollector(board, engine_names, extra))
     return registry
 
@@ -170,3 +171,16 @@ def build_registry(
 def render(registry: CollectorRegistry) -> bytes:
     """The Prometheus text exposition of every collector in `registry`."""
     return generate_latest(registry)
+
+
+def token_accounting_family(engines: Iterable[Engine]) -> Metric:
+    """``narwhal_engine_token_accounting{engine,mode}``: 1 for each engine's mode."""
+    family = GaugeMetricFamily(
+        "narwhal_engine_token_accounting",
+        "1 for the engine's token accounting mode (token_ids or unavailable).",
+        labels=["engine", "mode"],
+    )
+    for engine in engines:
+        for mode in ("token_ids", "unavailable"):
+            family.add_metric([engine.name, mode], float(engine.token_accounting == mode))
+    return family

@@ -1,79 +1,100 @@
-"""One request's engine attempts: dispatch, retry before headers, relay or assemble, and end.
+"""One placed request's engine attempts: dispatch, retry before headers, relay or assemble, end.
 
-The per-token path lives in :meth:`Relay._on_data`: one Rust call per engine network read
+The per-token path is :meth:`Relay._on_data`: one Rust call per engine network read
 (``StreamSession.feed``) and at most one write to the client, with no awaits.
+
+Every attempt gets exactly one verdict for its engine's outlier detection
+(``engine.breaker.record``): ``ok`` when the engine answered properly, a failure kind when
+it did not, ``neutral`` when the attempt says nothing about the engine (the client left,
+the deadline passed).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any
 
-from narwhal._narwhal_fast import Slot, StreamSession
+from narwhal._narwhal_fast import Board, StreamSession
+from narwhal.admission.gate import AdmissionQueue
 from narwhal.errors import Refusal
-from narwhal.fleet.breaker import ENGINE_FAULTS, judge
 from narwhal.fleet.engine import Engine
-from narwhal.flow.prefill import run_prefill
+from narwhal.flow.attempt import CANCELLED, Ended, Outcome, Retry, dispatch
+from narwhal.flow.context import RequestContext
+from narwhal.flow.prefill import prefill_leg
+from narwhal.learning import Learning
 from narwhal.request.deadlines import Deadlines
-from narwhal.request.engine_body import ROUTE_PATHS, engine_body
-from narwhal.scheduling.placement import Placement
+from narwhal.request.engine_body import ROUTE_PATHS, engine_body, prefill_body
+from narwhal.request.parse import Parsed
+from narwhal.scheduling.placement import Placement, Scheduler
 from narwhal.server.http import Responder
 from narwhal.server.responses import midstream_error_event, refusal_response
-from narwhal.upstream.client import UpstreamError, UpstreamResponse
-
-if TYPE_CHECKING:
-    from narwhal.api.router import RequestContext, Router
-    from narwhal.request.parse import Parsed
+from narwhal.upstream.client import UpstreamResponse
 
 log = logging.getLogger("narwhal.relay")
 
 _OPEN, _DONE, _FAILED = 0, 1, 2
+_RETRYABLE_STREAM_FAILURES = frozenset({"engine_error", "malformed_engine_output"})
+"""Failures of an attempt's first event that another engine may not repeat."""
+
+
+def stream_failure_kind(code: str) -> str:
+    """A session failure code as the engine's outlier detection counts it."""
+    return "engine_error_event" if code == "engine_error" else code
+
 
 class Relay:
     """Runs a placed request to its one terminal outcome."""
 
     def __init__(
         self,
-        router: Router,
         ctx: RequestContext,
         parsed: Parsed,
         placement: Placement,
         responder: Responder,
         deadlines: Deadlines,
+        *,
+        scheduler: Scheduler,
+        queue: AdmissionQueue,
+        learning: Learning,
+        board: Board,
     ):
-        self.router = router
         self.ctx = ctx
         self.parsed = parsed
-        self.engine = placement.engine
-        self.prefill: Slot | None = placement.prefill
-        self.track = placement.track
-        self.split = placement.split  # disaggregated: the prefill leg runs first (disagg.py)
-        self.kv_params: dict[str, Any] | None = None
-        self.decode: Slot | None = None
-        self.phase: str | None = "prefill"
-        self._tail = b""  # the last output of a finished stream, written with the body's end
+        self.placement = placement
         self.responder = responder
         self.deadlines = deadlines
+        self.scheduler = scheduler
+        self.queue = queue
+        self.learning = learning
+        self.board = board
+        self.headers: Sequence[tuple[bytes, bytes]] = ctx.forward_headers()
+        self.kv_params: dict[str, Any] | None = None
+        self._tail = b""  # the last output of a finished stream, written with the body's end
         self.loop = asyncio.get_running_loop()
         self.task = asyncio.current_task()
         self.upstream: UpstreamResponse | None = None
         self.session: StreamSession | None = None
         self.done: asyncio.Future[None] = self.loop.create_future()
-        self.outcome: tuple[str, str | None] | None = None
+        self.outcome: Outcome | None = None
         self.retry_allowed = True
-        self.retry_pending = False  # the first event was invalid: retry once (see _fail_stream)
+        self.retry_pending = False  # the first event was invalid: retry once (_fail_stream)
         self.retry_failure: Refusal | None = None  # what to answer if no engine is left
-        self.judging: Engine | None = None  # engine whose attempt awaits its breaker verdict
+        self.judging: Engine | None = None  # engine whose attempt awaits its verdict
+        self.failure: str | None = None  # the current attempt's failure kind, once known
         self.first_token_at: float | None = None
         self.last_token_at = 0.0
         self.dispatched_at = 0.0
         self._timer: asyncio.TimerHandle | None = None
 
+    @property
+    def engine(self) -> Engine:
+        return self.placement.engine
+
     # -- attempts --------------------------------------------------------------------------
-    async def run(self) -> tuple[str, str | None]:
-        responder = self.responder
-        responder.on_disconnect = self._on_disconnect
+    async def run(self) -> Outcome:
+        self.responder.on_disconnect = self._on_disconnect
         try:
             while True:
                 retry = await self._attempt() or await self._first_event_failed()
@@ -92,40 +113,30 @@ class Relay:
         assert self.outcome is not None
         return self.outcome
 
-    async def _attempt(self) -> bool:
-        """One engine attempt. True: failed before headers and may be retried."""
-        if self.split is not None and not await run_prefill(self):
-            return False
-        engine = self.engine
+    def _begin(self, engine: Engine) -> None:
         engine.breaker.begin()
         self.judging = engine
-        body, drop_usage = engine_body(self.parsed, token_ids=engine.token_ids,
-                                        kv_params=self.kv_params)
-        headers = self.router.forward_headers(self.ctx)
-        timeout = self.deadlines.headers_by - self.loop.time()
-        if timeout <= 0:
-            raise Refusal("deadline_expired")
+        self.failure = None
         self.dispatched_at = self.loop.time()
+
+    async def _attempt(self) -> bool:
+        """One engine attempt. True: failed before headers and may be retried."""
+        if self.placement.split is not None and not await self._prefill():
+            return False
+        engine = self.engine
+        self._begin(engine)
+        body, drop_usage = engine_body(self.parsed, token_ids=engine.token_ids,
+                                       kv_params=self.kv_params)
         try:
-            upstream = await engine.client.open(
-                "POST", ROUTE_PATHS[self.parsed.route], body, headers, timeout_s=timeout
-            )
-        except UpstreamError as exc:
-            if exc.kind == "timeout" and self.loop.time() >= self.deadlines.headers_by - 1e-3:
-                raise Refusal("deadline_expired") from None
-            return self._may_retry(f"engine {engine.name}: {exc.kind}")
-        if self.responder.disconnected:
-            upstream.abort()
-            self._finish("cancelled", None)
+            opened = await dispatch(engine, ROUTE_PATHS[self.parsed.route], body, self.headers,
+                                    headers_by=self.deadlines.headers_by,
+                                    responder=self.responder)
+        except Retry as exc:
+            return self._may_retry(exc)
+        if isinstance(opened, Ended):
+            self._finish(*opened.outcome)
             return False
-        status = upstream.status
-        if status >= 500:
-            upstream.abort()
-            return self._may_retry(f"engine {engine.name} answered {status}")
-        if status != 200:
-            await self._pass_through(upstream)
-            return False
-        self.upstream = upstream
+        self.upstream = opened
         self.session = StreamSession(
             self.parsed.route,
             assemble=not self.parsed.stream,
@@ -135,13 +146,13 @@ class Relay:
             prompt_tokens=self.ctx.prompt_tokens,
         )
         self._arm_deadline()
-        self.responder.set_flow_listener(upstream.pause_reading, upstream.resume_reading)
-        upstream.set_sink(self._on_data, self._on_end)
+        self.responder.set_flow_listener(opened.pause_reading, opened.resume_reading)
+        opened.set_sink(self._on_data, self._on_end)
         return False
 
-    def _may_retry(self, why: str) -> bool:
-        log.warning("attempt failed before headers: %s", why)
-        self._verdict(False)
+    def _may_retry(self, exc: Retry) -> bool:
+        log.warning("attempt failed before headers: %s", exc)
+        self._verdict(exc.kind)
         if self.retry_allowed and self.loop.time() < self.deadlines.headers_by:
             self.retry_allowed = False
             return True
@@ -149,27 +160,56 @@ class Relay:
 
     def _switch_engine(self) -> bool:
         """Move to another eligible engine for the single retry."""
-        placement = self.router.scheduler.try_place(exclude=self.engine, demand=self.track.demand)
+        placement = self.scheduler.try_place(exclude=self.engine,
+                                             demand=self.placement.track.demand)
         if placement is None:
             return False
         self._release()
-        self.engine = placement.engine
-        self.prefill = placement.prefill
-        self.track = placement.track
-        self.split = placement.split
-        self.phase = "prefill"
+        self.placement = placement
         self.session = None
         return True
 
-    async def _pass_through(self, upstream: UpstreamResponse) -> None:
-        """The engine's own 4xx before its stream: to the client unchanged, not retried."""
-        try:
-            body = await upstream.read_all()
-        except UpstreamError:
-            raise Refusal("engine_error", "The engine's error response was cut off") from None
-        content_type = upstream.headers.get("content-type", "application/json").encode("latin-1")
-        self.responder.send(upstream.status, body, content_type=content_type)
-        self._finish("invalid_requests", "engine_rejected")
+    async def _prefill(self) -> bool:
+        """Run the prefill leg (retried once on another prefill engine) and move to the
+        decode engine. False when the request ended here (the engine's 4xx was passed on, or
+        the client left); raises Refusal when no prefill leg can succeed."""
+        self.ctx.ensure_request_id()
+        self.headers = self.ctx.forward_headers()
+        body = prefill_body(self.parsed)
+        path = ROUTE_PATHS[self.parsed.route]
+        while True:
+            placement = self.placement
+            self._begin(placement.engine)
+            try:
+                result = await prefill_leg(placement.engine, path, body, self.headers,
+                                           headers_by=self.deadlines.headers_by,
+                                           responder=self.responder)
+            except Retry as exc:
+                log.warning("prefill leg on %s failed: %s", placement.engine.name, exc)
+                self._verdict(exc.kind)
+                if self.outcome is not None:
+                    return False
+                if not self.retry_allowed or self.loop.time() >= self.deadlines.headers_by:
+                    raise Refusal("engine_error",
+                                  "The prefill engine failed before responding") from None
+                self.retry_allowed = False
+                other = self.scheduler.replace_prefill(placement, placement.track.demand)
+                if other is None:
+                    raise Refusal("engine_error", "The prefill engine failed and no other "
+                                                  "was available") from None
+                self._release_placement(placement)
+                self.placement = other
+                continue
+            if isinstance(result, Ended):
+                self._finish(*result.outcome)
+                return False
+            self._verdict("ok")
+            self.learning.on_first_token(placement.track, self.loop.time())
+            self.placement = self.scheduler.decode_leg(placement)
+            self.queue.capacity_freed()
+            self.kv_params = result
+            self.retry_allowed = False  # the KV cache waits on this decode engine only
+            return True
 
     # -- the per-token path ----------------------------------------------------------------
     def _on_data(self, data: bytes) -> None:
@@ -178,7 +218,7 @@ class Relay:
             return
         out, tokens, state = session.feed(data)
         if tokens:
-            self.track.tokens += tokens
+            self.placement.track.tokens += tokens
             now = self.loop.time()
             if self.first_token_at is None:
                 self._first_token(now)
@@ -198,14 +238,12 @@ class Relay:
 
     def _first_token(self, now: float) -> None:
         self.first_token_at = now
-        self.router.board.observe("ttft", now - self.ctx.arrival)
-        self.router.learning.on_first_token(self.track, now)
-        if self.phase == "prefill" and self.prefill is not None:
-            self.prefill.release()
-            self.prefill = None
-            self.phase = "decode"
-            self.decode = self.router.scheduler.enter_decode(self.engine)
-            self.router.queue.capacity_freed()
+        self.board.observe("ttft", now - self.ctx.arrival)
+        placement = self.placement
+        self.learning.on_first_token(placement.track, now)
+        if placement.in_prefill:
+            placement.enter_decode()
+            self.queue.capacity_freed()
 
     def _stream_state(self, state: int) -> None:
         session = self.session
@@ -215,20 +253,23 @@ class Relay:
                 tail, self._tail = self._tail, b""
                 self.responder.end(tail)
                 # An engine's own mid-stream error event was relayed as it was sent.
-                failed = session.engine_error is not None
-                self._finish(*(("failed", "engine_error") if failed else ("completed", None)))
+                if session.engine_error is not None:
+                    self.failure = "engine_error_event"
+                    self._finish("failed", "engine_error")
+                else:
+                    self._finish("completed", None)
                 return
             try:
                 body = session.finish()
             except ValueError as exc:
                 code = getattr(exc, "code", "malformed_engine_output")
-                self._fail_stream(code if code != "engine_error" else "engine_error", str(exc))
+                self._fail_stream(code, str(exc), stream_failure_kind(code))
                 return
             self.responder.send(200, body)
             self._finish("completed", None)
         elif state == _FAILED:
             code, message = session.failure or ("malformed_engine_output", "bad engine stream")
-            self._fail_stream(code, message)
+            self._fail_stream(code, message, stream_failure_kind(code))
 
     def _on_end(self, exc: BaseException | None) -> None:
         if self.outcome is not None:
@@ -236,16 +277,17 @@ class Relay:
         message = (
             "The engine stream ended early" if exc is None else f"The engine stream failed: {exc}"
         )
-        self._fail_stream("engine_error", message)
+        self._fail_stream("engine_error", message, "reset")
 
     # -- endings ---------------------------------------------------------------------------
-    def _fail_stream(self, code: str, message: str) -> None:
+    def _fail_stream(self, code: str, message: str, kind: str) -> None:
         """The engine attempt failed after it started streaming to us."""
         if self.upstream is not None:
             self.upstream.abort()
+        self.failure = kind
         responder = self.responder
         if not responder.started:
-            if not self._retry_first_event(code, message):
+            if not self._retry_first_event(code, message, kind):
                 self._refuse(Refusal(code, message))
         else:
             responder.write(midstream_error_event(Refusal(code, message)))
@@ -260,27 +302,29 @@ class Relay:
         if not self.responder.started:
             status, headers, body = refusal_response(ref)
             self.responder.send(status, body, headers)
-        counter = ref.row.counter or "failed"
-        self._finish(counter, ref.code)
+        self._finish(ref.row.counter or "failed", ref.code)
 
     def _finish(self, cls: str, reason: str | None) -> None:
         if self.outcome is not None:
             return
         self.outcome = (cls, reason)
-        self._verdict(judge(cls, reason))
+        if cls == "completed" or reason == "engine_rejected":
+            self._verdict("ok")
+        else:
+            self._verdict(self.failure or "neutral")
         if not self.done.done():
             self.done.set_result(None)
 
-    def _retry_first_event(self, code: str, message: str) -> bool:
+    def _retry_first_event(self, code: str, message: str, kind: str) -> bool:
         """The engine failed before anything reached the client and before any token (an
         invalid first event, a reset before the first event): retry once, like a failure
         before headers. True when the retry is on (``run`` picks it up)."""
-        if code not in ENGINE_FAULTS or self.first_token_at is not None:
+        if code not in _RETRYABLE_STREAM_FAILURES or self.first_token_at is not None:
             return False
         if not self.retry_allowed or self.loop.time() >= self.deadlines.headers_by:
             return False
         log.warning("engine %s failed before its first event: %s", self.engine.name, message)
-        self._verdict(False)
+        self._verdict(kind)
         self.retry_allowed = False
         self.retry_pending = True
         self.retry_failure = Refusal(code, message)
@@ -298,11 +342,11 @@ class Relay:
         self.done = self.loop.create_future()
         return True
 
-    def _verdict(self, ok: bool | None) -> None:
-        """Report the current attempt's outcome to its engine's circuit breaker, once."""
+    def _verdict(self, kind: str) -> None:
+        """Report the current attempt's outcome to its engine's outlier detection, once."""
         engine, self.judging = self.judging, None
         if engine is not None:
-            engine.breaker.record(ok)
+            engine.breaker.record(kind)
 
     def _on_disconnect(self) -> None:
         if self.upstream is not None:
@@ -311,7 +355,7 @@ class Relay:
             # Still waiting for an engine's headers (or a prefill leg): stop waiting now;
             # cancelling the open closes the engine connection, so the engine aborts too.
             self.task.cancel()
-        self._finish("cancelled", None)
+        self._finish(*CANCELLED)
 
     def _arm_deadline(self) -> None:
         if self._timer is None:
@@ -334,29 +378,18 @@ class Relay:
             self.responder.end()
             self._finish("expired", "deadline_expired")
 
+    def _release_placement(self, placement: Placement) -> None:
+        if self.scheduler.release(placement):
+            self.queue.capacity_freed()
+
     def _release(self) -> None:
-        """Give back the slots of the current attempt (idempotent) and wake the queue."""
-        scheduler = self.router.scheduler
-        phase, self.phase = self.phase, None
-        split, self.split = self.split, None
-        if split is not None:
-            split.release(scheduler)
-        if phase == "prefill" and self.prefill is not None:
-            self.prefill.release()
-            scheduler.leave(self.engine, "prefill")
-        elif phase == "decode":
-            if self.decode is not None:
-                self.decode.release()
-            scheduler.leave(self.engine, "decode")
-        self.prefill = self.decode = None
-        self.router.learning.release(self.track)
+        """Give back the current attempt's slots (idempotent) and wake the queue."""
+        self._release_placement(self.placement)
         self.responder.set_flow_listener(None, None)
-        if phase is not None:
-            self.router.queue.capacity_freed()
 
     # -- measurements ----------------------------------------------------------------------
     def observe_end(self) -> None:
-        board = self.router.board
+        board = self.board
         session = self.session
         now = self.loop.time()
         board.observe("e2e", now - self.ctx.arrival)
@@ -367,6 +400,6 @@ class Relay:
         decode_s = self.last_token_at - self.first_token_at
         if tokens > 1 and decode_s > 0:
             board.observe("tpot", decode_s / (tokens - 1))
-        self.router.learning.on_end(
-            self.track, self.last_token_at, completed=self.outcome == ("completed", None)
+        self.learning.on_end(
+            self.placement.track, self.last_token_at, completed=self.outcome == ("completed", None)
         )

@@ -1,41 +1,39 @@
-"""Placement: which engine runs a request, holding a prefill slot on it."""
+"""Placement: which engine runs a request, and the slots it holds there.
+
+Eligible engines are healthy, not draining, not in maintenance, of a role that can take a
+request's prefill, and, in predictive admission, profiled. Among those with room the policy
+orders the candidates (default ``lowest_ttft``); ties rotate. Slot limits live in the shared
+board, so they hold across worker processes; so do the in-flight counts policies rank by.
+
+Disaggregated fleets (``role: prefill`` / ``role: decode``): a request runs on a mixed engine
+or splits into a prefill leg on a prefill engine and a decode leg on a decode engine whose
+decode slot is reserved at placement. The better of the two is chosen by projected TTFT when
+the learned model can project it (the KV transfer is not modelled), else by requests in
+prefill per unit of weight. The decode engine of a pair is the least loaded one.
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from narwhal._narwhal_fast import Board, Slot
+from narwhal._narwhal_fast import Board
 from narwhal.fleet.engine import Engine
 from narwhal.learning import Learning
-from narwhal.learning.occupancy import Demand, Track
+from narwhal.learning.occupancy import Demand
 from narwhal.request.parse import Parsed
-from narwhal.scheduling import disagg
-from narwhal.scheduling.disagg import Split
+from narwhal.scheduling.disagg import usable
+from narwhal.scheduling.holds import Placement, Split
 from narwhal.scheduling.policies import Candidate, Policy, make_policy, prefix_key
 
 DEFAULT_POLICY = "lowest_ttft"
 DEFAULT_PREFIX_CHARS = 256
 
-
-@dataclass(slots=True)
-class Placement:
-    engine: Engine
-    prefill: Slot
-    track: Track  # the learned model's record of this attempt (projected load, timing)
-    split: Split | None = None  # disaggregated: the decode engine and its reserved slot
+__all__ = ["DEFAULT_POLICY", "Placement", "Scheduler", "Split"]
 
 
 class Scheduler:
-    """Places requests on placement-eligible engines by a named policy.
-
-    Eligible: healthy, not draining, not in maintenance, a role that can run the whole
-    request, and, in predictive admission, profiled (the model can project its TTFT).
-    Among those with a free prefill slot (and decode capacity to come) the policy orders
-    the candidates (default ``lowest_ttft``); ties rotate. Slot limits are enforced by the
-    shared board, so they hold across worker processes.
-    """
+    """Places requests on placement-eligible engines by a named policy."""
 
     def __init__(
         self,
@@ -54,14 +52,11 @@ class Scheduler:
         self.predictive = predictive
         self.prefix_chars = prefix_chars
         self._turn = 0
-        # Per-worker view of in-flight work, for ranking only (limits live in the board).
-        self.prefill_local = [0] * len(engines)
-        self.decode_local = [0] * len(engines)
 
+    # -- what admission asks -----------------------------------------------------------------
     def eligible(self) -> list[Engine]:
         learning, predictive = self.learning, self.predictive
-        return [e for e in disagg.usable(self.engines)
-                if not predictive or learning.profiled(e)]
+        return [e for e in usable(self.engines) if not predictive or learning.profiled(e)]
 
     def demand(self, parsed: Parsed, prompt_tokens: int) -> Demand:
         """What ``parsed`` asks of the fleet (held pending while it waits for placement)."""
@@ -71,40 +66,137 @@ class Scheduler:
         demand.expected_output = self.learning.expected_output(demand)
         return demand
 
-    def candidate(self, engine: Engine, demand: Demand, now: float) -> Candidate:
+    def candidate(self, engine: Engine, demand: Demand, now: float,
+                  inflight: tuple[int, int] | None = None) -> Candidate:
         learning = self.learning
+        prefill, decode = self.board.inflight(engine.index) if inflight is None else inflight
         ttft = (learning.prefill_wait(engine, now)
                 + learning.prefill_model(engine).seconds(demand.prompt_tokens))
         return Candidate(engine, ttft, learning.decode_load(engine, now) / engine.config.weight,
-                         self.prefill_local[engine.index], self.decode_local[engine.index])
+                         prefill, decode)
 
+    # -- placing -----------------------------------------------------------------------------
     def try_place(self, exclude: Engine | None = None,
                   demand: Demand | None = None) -> Placement | None:
         """Place ``demand`` (default: the oldest request waiting in the admission queue)."""
-        engines = [e for e in self.eligible() if e is not exclude
-                   and (e.config.role == "prefill"  # its decode slot: see disagg.choose
-                        or self.prefill_local[e.index] + self.decode_local[e.index]
-                        < e.config.max_decode)]  # a decode slot to come on this engine
+        board = self.board
+        engines = self.eligible()
+        if exclude is not None:
+            engines = [e for e in engines if e is not exclude]
         if not engines:
             return None
         if demand is None:
             demand = self.learning.pending.head() or Demand(0)
         self._turn = (self._turn + 1) % len(engines)
-        rotated = engines[self._turn :] + engines[: self._turn]
         now = time.monotonic()
-        candidates = [self.candidate(e, demand, now) for e in rotated]
-        return disagg.choose(self, candidates, demand)
+        candidates = []
+        for engine in engines[self._turn:] + engines[: self._turn]:
+            inflight = board.inflight(engine.index)
+            # A mixed engine needs a decode slot to come: both phases under max_decode.
+            if engine.config.role == "prefill" or sum(inflight) < engine.config.max_decode:
+                candidates.append(self.candidate(engine, demand, now, inflight))
+        if not candidates:
+            return None
+        return self._choose(candidates, demand)
 
-    def enter_decode(self, engine: Engine) -> Slot | None:
-        """Move one request of ``engine`` from prefill to decode (its decode slot was reserved
-        at placement, so the limit here also admits the prefill work that reserved it)."""
-        self.prefill_local[engine.index] -= 1
-        self.decode_local[engine.index] += 1
-        cfg = engine.config
-        return self.board.acquire_slot(engine.index, "decode", cfg.max_decode + cfg.max_prefill)
+    def replace_prefill(self, placement: Placement, demand: Demand) -> Placement | None:
+        """Another prefill engine for a split placement whose prefill leg failed; the decode
+        half moves over to the new placement. None when no other prefill engine has room."""
+        now = time.monotonic()
+        failed = placement.engine
+        engines = [e for e in self.eligible()
+                   if e.config.role == "prefill" and e is not failed]
+        if not engines:
+            return None
+        ordered = self.policy.order([self.candidate(e, demand, now) for e in engines], demand)
+        taken = self._take_prefill(ordered, demand)
+        if taken is not None:
+            taken.split, placement.split = placement.split, None
+        return taken
 
-    def leave(self, engine: Engine, phase: str) -> None:
-        if phase == "prefill":
-            self.prefill_local[engine.index] -= 1
-        else:
-            self.decode_local[engine.index] -= 1
+    def decode_leg(self, placement: Placement) -> Placement:
+        """The prefill leg of a split placement succeeded: its prefill slot goes back and the
+        request moves to the decode engine with the slot reserved there."""
+        split = placement.split
+        assert split is not None
+        placement.split = None
+        self.release(placement)
+        track = self.learning.place(split.engine, placement.track.demand, None, prefill=False)
+        slot, split.slot = split.slot, None
+        return Placement(self.board, split.engine, None, track, decode=slot)
+
+    def release(self, placement: Placement) -> bool:
+        """Give back everything ``placement`` holds: its slots and its place in the learned
+        model's projections (idempotent). True when a slot was still held."""
+        held = placement.release()
+        self.learning.release(placement.track)
+        return held
+
+    # -- internals ---------------------------------------------------------------------------
+    def _choose(self, candidates: list[Candidate], demand: Demand) -> Placement | None:
+        """Acquire the better of the mixed and split placements, falling back to the other."""
+        policy = self.policy
+        mixed = [c for c in candidates if c.engine.config.role == "mixed"]
+        prefill = [c for c in candidates if c.engine.config.role == "prefill"]
+        mixed = policy.order(mixed, demand) if mixed else []
+        prefill = policy.order(prefill, demand) if prefill else []
+        split_first = bool(prefill) and self._better_split(mixed[0] if mixed else None,
+                                                           prefill[0])
+        for kind in (("split", "mixed") if split_first else ("mixed", "split")):
+            if kind == "split" and prefill:
+                placement = self._take_split(prefill, demand)
+                if placement is not None:
+                    return placement
+            elif kind == "mixed" and mixed:
+                placement = self._take_prefill(mixed, demand)
+                if placement is not None:
+                    return placement
+        return None
+
+    def _better_split(self, mixed: Candidate | None, split: Candidate) -> bool:
+        if mixed is None:
+            return True
+        learning = self.learning
+        if learning.profiled(mixed.engine) and learning.profiled(split.engine):
+            return split.ttft_s < mixed.ttft_s
+        weight_m, weight_s = mixed.engine.config.weight, split.engine.config.weight
+        return split.prefill_inflight / weight_s < mixed.prefill_inflight / weight_m
+
+    def _take_prefill(self, ordered: list[Candidate], demand: Demand) -> Placement | None:
+        board = self.board
+        for choice in ordered:
+            engine = choice.engine
+            cfg = engine.config
+            total = cfg.max_decode if cfg.role == "mixed" else None
+            slot = board.acquire_slot(engine.index, "prefill", cfg.max_prefill, total)
+            if slot is not None:
+                track = self.learning.place(engine, demand, slot)
+                self.policy.placed(engine, demand)
+                return Placement(board, engine, slot, track)
+        return None
+
+    def _decoders(self) -> list[Engine]:
+        """Decode engines with a decode slot to come, least expected decode work first."""
+        now = time.monotonic()
+        learning, board = self.learning, self.board
+        found = []
+        for e in self.engines:
+            if e.config.role == "decode" and e.serves():
+                decoding = board.inflight(e.index)[1]
+                if decoding < e.config.max_decode:
+                    found.append((learning.decode_load(e, now) / e.config.weight,
+                                  decoding / e.config.weight, e.index, e))
+        return [e for *_, e in sorted(found)]
+
+    def _take_split(self, ordered: list[Candidate], demand: Demand) -> Placement | None:
+        for decoder in self._decoders():
+            slot = self.board.acquire_slot(decoder.index, "decode", decoder.config.max_decode)
+            if slot is None:
+                continue
+            placement = self._take_prefill(ordered, demand)
+            if placement is None:
+                slot.release()
+                return None
+            placement.split = Split(decoder, slot)
+            return placement
+        return None

@@ -19,7 +19,8 @@ import httptools
 
 from narwhal.server.exchange import EarlyResponse, Headers, Request, Responder
 from narwhal.server.flow_control import FlowControl
-from narwhal.server.responses import STATUS_LINES, error_body
+from narwhal.errors import Refusal
+from narwhal.server.responses import STATUS_LINES, error_body, refusal_response
 
 __all__ = [
     "App",
@@ -56,8 +57,9 @@ class App(Protocol):
     def on_body_too_large(self, request: Request) -> EarlyResponse:
         """A body (chunked, or lying about its length) crossed ``max_request_bytes``."""
 
-    def on_abandon(self, request: Request) -> None:
-        """The client left before the request's handler started (mid-upload or pipelined)."""
+    def on_abandon(self, request: Request, *, malformed: bool = False) -> None:
+        """The request ended before its handler started: the client left (mid-upload or
+        pipelined), or, ``malformed``, its body broke the HTTP framing (answered 400)."""
 
     def handle(self, request: Request, responder: Responder) -> Awaitable[None]:
         """Answer the request through the responder."""
@@ -257,11 +259,8 @@ class HttpProtocol(asyncio.Protocol):
         except Exception:  # a bug in a handler must not leave the client hanging
             self.server.log_exception(request)
             if not responder.started:
-                responder.send(
-                    500,
-                    b'{"error":{"message":"Internal router error","type":"internal_error",'
-                    b'"param":null,"code":null}}',
-                )
+                status, headers, body = refusal_response(Refusal("internal_error"))
+                responder.send(status, body, headers)
             else:
                 responder.abort()
         finally:
@@ -321,7 +320,8 @@ class HttpProtocol(asyncio.Protocol):
         if self.closing or self.discarding:
             return
         if self.current is not None:
-            self.app.on_abandon(self.current)
+            malformed = failure is not None and failure[0] == 400
+            self.app.on_abandon(self.current, malformed=malformed)
             self.current = None
         self.discarding = True
         self.failure = failure

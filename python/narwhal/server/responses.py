@@ -62,13 +62,6 @@ def refusal_response(ref: Refusal) -> tuple[int, Headers, bytes]:
     return row.status, headers, body
 
 
-def failure_response(exc: BaseException) -> tuple[int, Headers, bytes]:
-    """Any failure as HTTP: a Refusal by its row; anything else is a 500 `internal_error`."""
-    if isinstance(exc, Refusal):
-        return refusal_response(exc)
-    return refusal_response(Refusal("internal_error"))
-
-
 @overload
 def midstream_error_event(error: Refusal) -> bytes: ...
 @overload

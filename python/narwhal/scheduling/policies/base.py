@@ -20,8 +20,8 @@ class Candidate:
     engine: Engine
     ttft_s: float  # projected: prefill work placed ahead on it + this prompt's prefill
     decode_load: float  # expected decode tokens still to come there, divided by its weight
-    prefill_inflight: int  # this process's requests in prefill there
-    decode_inflight: int  # this process's requests in decode there
+    prefill_inflight: int  # requests in prefill there (every worker process)
+    decode_inflight: int  # requests in decode there (every worker process)
 
 
 class Policy(Protocol):

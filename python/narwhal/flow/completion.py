@@ -1,0 +1,138 @@
+"""The completion flow: intake at arrival, then sizing, admission, the wait for placement, and
+the relay, to exactly one counted outcome per request.
+
+Order of checks (SPEC §4): route → router state → retention → size → JSON and shape → model
+→ sampling width → unsupported options → workload sizing → predictive admission → placement
+(zero eligible engines) → admission queue (full, wait, deadline) → dispatch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from narwhal._narwhal_fast import Board
+from narwhal.admission.gate import AdmissionQueue
+from narwhal.admission.predictive import PredictiveAdmission
+from narwhal.admission.sizing import Sizer
+from narwhal.config import Config
+from narwhal.errors import Refusal
+from narwhal.flow.attempt import Outcome
+from narwhal.flow.context import RequestContext
+from narwhal.flow.relay import Relay
+from narwhal.learning import Learning
+from narwhal.request.deadlines import Deadlines
+from narwhal.request.parse import parse_request
+from narwhal.scheduling.placement import Scheduler
+from narwhal.server.http import EarlyResponse, Request, Responder
+from narwhal.server.responses import refusal_response
+
+COMPLETION_ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
+
+
+def early(ref: Refusal, *, close: bool = False) -> EarlyResponse:
+    status, headers, body = refusal_response(ref)
+    return EarlyResponse(status, body, headers, close=close)
+
+
+class CompletionFlow:
+    """Takes completion requests from their headers to their one terminal outcome."""
+
+    def __init__(
+        self,
+        config: Config,
+        board: Board,
+        *,
+        sizer: Sizer,
+        predictive: PredictiveAdmission,
+        scheduler: Scheduler,
+        queue: AdmissionQueue,
+        learning: Learning,
+        state_refusal: Callable[[], str | None],
+    ):
+        self.model = config.model
+        self.serving = config.serving
+        self.board = board
+        self.sizer = sizer
+        self.predictive = predictive
+        self.scheduler = scheduler
+        self.queue = queue
+        self.learning = learning
+        self.state_refusal = state_refusal
+
+    # -- intake: the request's headers are in (protocol callbacks: no awaits) ---------------
+    def on_headers(self, request: Request, route: str) -> None:
+        """Account for the request at arrival; raise EarlyResponse to answer it now."""
+        ticket, within_limit = self.board.arrive(self.serving.http_retention_limit)
+        request.state = RequestContext(ticket, route, request.arrival, request.headers)
+        length = request.headers.get("content-length")
+        too_large = (length is not None and length.isdigit()
+                     and int(length) > self.serving.max_request_bytes)
+        code = self.state_refusal()
+        if code is None and not within_limit:
+            code = "retention_full"
+        if code is not None:
+            ref = Refusal(code)
+            ticket.finish(ref.row.counter or "rejected", code)
+            # A body within the limit is read and dropped (the connection stays usable); one
+            # declared over it is not waited for: the answer goes out now and the
+            # connection closes.
+            raise early(ref, close=too_large)
+        if too_large:
+            ticket.finish("invalid_requests", "request_too_large")
+            raise early(Refusal("request_too_large"), close=True)
+
+    def on_body_too_large(self, request: Request) -> EarlyResponse:
+        if isinstance(request.state, RequestContext):
+            request.state.ticket.finish("invalid_requests", "request_too_large")
+        return early(Refusal("request_too_large"), close=True)
+
+    def on_abandon(self, request: Request, *, malformed: bool = False) -> None:
+        """The connection ended before the request could run: the client left, or sent a
+        body the HTTP parser rejected (a malformed request, not a cancellation)."""
+        if isinstance(request.state, RequestContext):
+            if malformed:
+                request.state.ticket.finish("invalid_requests", "invalid_request")
+            else:
+                request.state.ticket.finish("cancelled")
+
+    # -- the request's journey ---------------------------------------------------------------
+    async def run(self, request: Request, responder: Responder, ctx: RequestContext) -> None:
+        ticket = ctx.ticket
+        outcome: Outcome = ("cancelled", None)
+        task = asyncio.current_task()
+        if task is not None:
+
+            def cancel_wait() -> None:
+                task.cancel()
+
+            responder.on_disconnect = cancel_wait
+        try:
+            parsed = parse_request(ctx.route, request.body, model=self.model)
+            ctx.prompt_tokens = await self.sizer.size(parsed)
+            ticket.sized(ctx.prompt_tokens)
+            deadlines = Deadlines.from_headers(
+                request.headers, ctx.arrival, self.serving.request_timeout_s
+            )
+            demand = self.predictive.admit(parsed, ctx.prompt_tokens)
+            if not self.scheduler.eligible():
+                raise Refusal("backend_unavailable")
+            with demand:
+                placement, waited = await self.queue.place(ticket, deadlines)
+            self.board.observe("queue_wait", waited)
+            relay = Relay(ctx, parsed, placement, responder, deadlines,
+                          scheduler=self.scheduler, queue=self.queue, learning=self.learning,
+                          board=self.board)
+            outcome = await relay.run()
+            relay.observe_end()
+        except Refusal as ref:
+            if not responder.started:
+                status, headers, body = refusal_response(ref)
+                responder.send(status, body, headers)
+            outcome = (ref.row.counter or "failed", ref.code)
+        except asyncio.CancelledError:
+            if not responder.disconnected:
+                raise
+            responder.abort()
+        finally:
+            ticket.finish(*outcome)
