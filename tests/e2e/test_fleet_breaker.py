@@ -1,5 +1,6 @@
-"""Retries and the circuit breaker end to end: real simulators, one behind a fault proxy so
-only that engine misbehaves; every answer checked with its counters."""
+"""Retries and outlier ejection (``breaker`` on /engines) end to end: real simulators, one
+behind a fault proxy so only that engine misbehaves; every answer checked with its counters.
+A whole fleet failing alike, and the ejection cap: test_fleet_outlier.py."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from procs import Proc, free_port, start_router
 pytestmark = pytest.mark.timeout(120)
 
 INTERVAL = 0.5
-EVICT = 3  # breaker threshold (failures_to_evict); cool-down = EVICT * INTERVAL
+EVICT = 3  # transport failures in a row that eject (failures_to_evict); base time EVICT*INTERVAL
 
 
 class Fleet:
@@ -137,9 +138,10 @@ def test_one_bad_engine_is_retried_around_then_its_circuit_opens(
     counters = Counters(fleet.url)
     sent = 0
     # Every request succeeds: those placed on e0 fail before anything reaches the client
-    # and are retried on e1. After EVICT failed attempts, e0's circuit opens. (Bad token IDs
-    # come after the role event, which a streaming client already has: only non-streaming
-    # requests can be retried for them.)
+    # and are retried on e1. After EVICT transport failures in a row, or once its content
+    # failures clearly outnumber e1's, e0 is ejected. (Bad token IDs come after the role
+    # event, which a streaming client already has: only non-streaming requests can be
+    # retried for them.)
     streams = fault != "bool_ids:0"
     while engines(fleet.url)["e0"]["breaker"] == "closed":
         assert sent < 60, "e0's circuit never opened"
@@ -154,6 +156,8 @@ def test_one_bad_engine_is_retried_around_then_its_circuit_opens(
     e0 = engines(fleet.url)["e0"]
     assert e0["breaker"] == "open" and e0["state"] == "circuit_open", e0
     assert e0["health"] == "healthy"  # its probes still pass: only the breaker holds it out
+    transport = fault in ("http_500", "reset_before_headers")
+    assert e0["ejection"]["kind"] == ("transport" if transport else "content"), e0
     posts = fleet.proxy.posts
     for _ in range(4):
         assert complete(fleet.url)[0] == 200
