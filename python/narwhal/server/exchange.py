@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from narwhal.server.flow_control import FlowControl
 from narwhal.server.responses import STATUS_LINES
-
-if TYPE_CHECKING:
-    from narwhal.server.http import HttpProtocol
 
 Headers = Sequence[tuple[bytes, bytes]]
 
@@ -59,6 +57,18 @@ class Request:
         self.early: EarlyResponse | None = None
 
 
+class Connection(Protocol):
+    """What a responder needs from its client connection (``server.http.HttpProtocol``)."""
+
+    flow: FlowControl
+
+    def transport_write(self, data: bytes) -> None: ...
+
+    def exchange_done(self, responder: Responder) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class Responder:
     """The response side of one exchange."""
 
@@ -72,7 +82,7 @@ class Responder:
         "started",
     )
 
-    def __init__(self, conn: HttpProtocol, keep_alive: bool):
+    def __init__(self, conn: Connection, keep_alive: bool):
         self._conn = conn
         self._keep_alive = keep_alive
         self._head: bytes | None = None

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 
+from narwhal.http1 import WriteGate
 
-class FlowControl:
+
+class FlowControl(WriteGate):
     """Tracks whether the client's transport buffer is over its high-water mark.
 
     The transport calls ``pause_writing``/``resume_writing`` on the protocol, which forwards
@@ -15,11 +16,10 @@ class FlowControl:
     a slow client slows the engine stream without an await per token.
     """
 
-    __slots__ = ("_drain_waiter", "_on_pause", "_on_resume", "write_paused")
+    __slots__ = ("_on_pause", "_on_resume")
 
     def __init__(self) -> None:
-        self.write_paused = False
-        self._drain_waiter: asyncio.Future[None] | None = None
+        super().__init__()
         self._on_pause: Callable[[], None] | None = None
         self._on_resume: Callable[[], None] | None = None
 
@@ -42,26 +42,12 @@ class FlowControl:
     def resume_writing(self) -> None:
         if not self.write_paused:
             return
-        self.write_paused = False
-        waiter, self._drain_waiter = self._drain_waiter, None
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        super().resume_writing()
         if self._on_resume is not None:
             self._on_resume()
 
-    async def drain(self) -> None:
-        """Wait until the client's buffer is under the low-water mark (or the client left)."""
-        if not self.write_paused:
-            return
-        if self._drain_waiter is None:
-            self._drain_waiter = asyncio.get_running_loop().create_future()
-        await self._drain_waiter
-
     def release(self) -> None:
         """Connection lost: release every waiter so nothing hangs on a dead socket."""
-        self.write_paused = False
-        waiter, self._drain_waiter = self._drain_waiter, None
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        super().release()
         self._on_pause = None
         self._on_resume = None

@@ -17,9 +17,10 @@ from typing import Protocol, cast
 
 import httptools
 
+from narwhal.errors import Refusal
+from narwhal.http1 import merge_headers
 from narwhal.server.exchange import EarlyResponse, Headers, Request, Responder
 from narwhal.server.flow_control import FlowControl
-from narwhal.errors import Refusal
 from narwhal.server.responses import STATUS_LINES, error_body, refusal_response
 
 __all__ = [
@@ -170,11 +171,7 @@ class HttpProtocol(asyncio.Protocol):
         if self.active is None and not self.pending:
             self._arm(self.limits.header_timeout_s)  # the body must keep coming (idle timeout)
         parsed = httptools.parse_url(self.url)
-        headers: dict[str, str] = {}
-        for name, value in self.header_list:
-            key = name.decode("latin-1").lower()
-            text = value.decode("latin-1")
-            headers[key] = f"{headers[key]}, {text}" if key in headers else text
+        headers = merge_headers(self.header_list)
         request = Request(
             self.parser.get_method().decode("ascii", "replace"),
             parsed.path.decode("latin-1"),

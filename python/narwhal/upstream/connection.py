@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import Protocol, cast
 
 import httptools
 
+from narwhal.http1 import merge_headers
 from narwhal.upstream.response import (
     DataSink,
     FlowControl,
@@ -16,15 +17,24 @@ from narwhal.upstream.response import (
     UpstreamResponse,
 )
 
-if TYPE_CHECKING:
-    from narwhal.upstream.pool import EngineClient
 
-class _StaleConnection(UpstreamError):
+class StaleConnection(UpstreamError):
     """A pooled connection died before any response byte: safe to retry on a fresh one."""
 
 
 class _UnexpectedResponse(Exception):
     """The engine sent a response nobody asked for (bytes after the end of a message)."""
+
+
+class ConnectionOwner(Protocol):
+    """Where a connection reports its life (``pool.EngineClient``)."""
+
+    def connection_made(self, conn: EngineConnection) -> None: ...
+
+    def connection_lost(self, conn: EngineConnection) -> None: ...
+
+    def release(self, conn: EngineConnection) -> None:
+        """A response ended cleanly with keep-alive: pool the connection or close it."""
 
 
 class _ResponseParser(Protocol):
@@ -42,14 +52,35 @@ def _discard(data: bytes) -> None:
 class EngineConnection(asyncio.Protocol):
     """An ``asyncio.Protocol`` that is also the httptools callback sink; callbacks never await."""
 
-    __slots__ = ("_busy", "_client", "_closing", "_complete", "_flow", "_got_bytes", "_head",
-                 "_header_timer", "_keep_alive", "_loop", "_lost", "_on_data", "_parser",
-                 "_pieces", "_raw_headers", "_response", "_served", "_status", "_transport",
-                 "_until_close", "_waiter", "idle_timer", "on_body")
+    __slots__ = (
+        "_busy",
+        "_client",
+        "_closing",
+        "_complete",
+        "_flow",
+        "_got_bytes",
+        "_head",
+        "_header_timer",
+        "_keep_alive",
+        "_lost",
+        "_on_data",
+        "_parser",
+        "_pieces",
+        "_raw_headers",
+        "_response",
+        "_served",
+        "_status",
+        "_transport",
+        "_until_close",
+        "_waiter",
+        "idle_timer",
+        "loop",
+        "on_body",
+    )
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, client: EngineClient) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, client: ConnectionOwner) -> None:
         # shared
-        self._loop = loop
+        self.loop = loop
         self._client = client
         # per connection
         self._transport: asyncio.Transport
@@ -85,7 +116,7 @@ class EngineConnection(asyncio.Protocol):
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._client._connection_made(self)
+        self._client.connection_made(self)
 
     def data_received(self, data: bytes) -> None:
         if not self._busy:
@@ -114,21 +145,21 @@ class EngineConnection(asyncio.Protocol):
         self._busy = False
         self._cancel_timers()
         self._flow.release()
-        self._client._connection_lost(self)
+        self._client.connection_lost(self)
         if not self._lost.done():
             self._lost.set_result(None)
         waiter, self._waiter = self._waiter, None
         if waiter is not None and not waiter.done():
             stale = self._served > 0 and not self._got_bytes
-            cls = _StaleConnection if stale else UpstreamError
+            cls = StaleConnection if stale else UpstreamError
             waiter.set_exception(cls("reset", _describe(exc, "before the response headers")))
         resp, self._response = self._response, None
         self._on_data = _discard
         if resp is not None:
             if self._until_close and exc is None:
-                resp._finish(None)            # a read-until-close body ends with the connection
+                resp.finish(None)            # a read-until-close body ends with the connection
             else:
-                resp._finish(UpstreamError(
+                resp.finish(UpstreamError(
                     "reset", _describe(exc, "in the response body"), before_headers=False))
 
     def pause_writing(self) -> None:
@@ -136,6 +167,19 @@ class EngineConnection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._flow.resume_writing()
+
+    # -- the BodySource side: called by the response -------------------------------------
+
+    def set_body_sink(self, on_data: DataSink) -> None:
+        """Deliver the rest of the body to ``on_data`` (one call per network read)."""
+        self._on_data = on_data
+
+    def pause_reading(self) -> None:
+        """Stop reading from the engine (the client is slow)."""
+        self._flow.pause_reading()
+
+    def resume_reading(self) -> None:
+        self._flow.resume_reading()
 
     # -- httptools callbacks (on_body is the attribute set in __init__) -----------------
 
@@ -152,11 +196,7 @@ class EngineConnection(asyncio.Protocol):
         waiter, self._waiter = self._waiter, None
         if waiter is None or waiter.done():
             raise _UnexpectedResponse
-        headers: dict[str, str] = {}
-        for name, value in raw:
-            key = name.decode("latin-1").lower()
-            text = value.decode("latin-1")
-            headers[key] = f"{headers[key]}, {text}" if key in headers else text
+        headers = merge_headers(raw)
         raw.clear()
         head = self._head
         self._keep_alive = not head and self._parser.should_keep_alive()
@@ -165,7 +205,7 @@ class EngineConnection(asyncio.Protocol):
                              and "transfer-encoding" not in headers)
         resp = UpstreamResponse(self, status, headers)
         self._response = resp
-        self._on_data = resp._buffer.append
+        self._on_data = resp.pending.append
         if self._header_timer is not None:
             self._header_timer.cancel()
             self._header_timer = None
@@ -187,8 +227,8 @@ class EngineConnection(asyncio.Protocol):
     async def request(self, data: bytes, *, head: bool, deadline: float) -> UpstreamResponse:
         """Send one serialised request; return once the final status line and headers arrive."""
         if not self.reusable:
-            raise _StaleConnection("reset", "pooled connection closed before reuse")
-        loop = self._loop
+            raise StaleConnection("reset", "pooled connection closed before reuse")
+        loop = self.loop
         waiter: asyncio.Future[UpstreamResponse] = loop.create_future()
         self._waiter = waiter
         self._busy = True
@@ -244,11 +284,11 @@ class EngineConnection(asyncio.Protocol):
                 and self._transport.get_write_buffer_size() == 0):
             self._served += 1
             self._flow.resume_reading()
-            self._client._release(self)
+            self._client.release(self)
         else:
             self.close()
         if resp is not None:
-            resp._finish(None)
+            resp.finish(None)
 
     def _header_timeout(self) -> None:
         self._header_timer = None
@@ -278,13 +318,13 @@ class EngineConnection(asyncio.Protocol):
         if waiter is not None and not waiter.done():
             waiter.set_exception(UpstreamError("protocol", message))
         if resp is not None:
-            resp._finish(UpstreamError("protocol", message, before_headers=False))
+            resp.finish(UpstreamError("protocol", message, before_headers=False))
 
     def _sink_failed(self, exc: Exception) -> None:
         resp = self._response
         self.abort()
         if resp is not None:
-            resp._finish(exc)
+            resp.finish(exc)
 
     def _cancel_timers(self) -> None:
         if self._header_timer is not None:

@@ -9,7 +9,7 @@ from collections import deque
 from collections.abc import Sequence
 from urllib.parse import urlsplit
 
-from narwhal.upstream.connection import EngineConnection, _StaleConnection
+from narwhal.upstream.connection import EngineConnection, StaleConnection
 from narwhal.upstream.response import UpstreamError, UpstreamResponse
 
 _BAD_PATH = re.compile(r"[\x00-\x20\x7f]")
@@ -76,12 +76,12 @@ class EngineClient:
         if conn is not None:
             try:
                 return await conn.request(data, head=head, deadline=deadline)
-            except _StaleConnection:
+            except StaleConnection:
                 pass                          # nothing was processed: retry on a new socket
         conn = await self._connect(loop, deadline)
         try:
             return await conn.request(data, head=head, deadline=deadline)
-        except _StaleConnection as exc:       # a fresh socket never counts as stale
+        except StaleConnection as exc:       # a fresh socket never counts as stale
             raise UpstreamError(exc.kind, exc.message) from None
 
     async def fetch(self, method: str, path: str, body: bytes = b"",
@@ -91,7 +91,7 @@ class EngineClient:
         loop = self._loop or asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         resp = await self.open(method, path, body, headers, timeout_s=timeout_s)
-        data = await resp._read_all(limit, max(0.0, deadline - loop.time()))
+        data = await resp.read_all(limit, timeout_s=max(0.0, deadline - loop.time()))
         return resp.status, resp.headers, data
 
     async def close(self) -> None:
@@ -105,17 +105,17 @@ class EngineClient:
             await asyncio.wait([asyncio.ensure_future(c.wait_closed()) for c in closing],
                                timeout=1.0)
 
-    # -- called by EngineConnection -------------------------------------------------------
+    # -- the ConnectionOwner side: called by EngineConnection ----------------------------
 
-    def _connection_made(self, conn: EngineConnection) -> None:
+    def connection_made(self, conn: EngineConnection) -> None:
         self._all.add(conn)
 
-    def _connection_lost(self, conn: EngineConnection) -> None:
+    def connection_lost(self, conn: EngineConnection) -> None:
         self._all.discard(conn)
         with contextlib.suppress(ValueError):
             self._idle.remove(conn)           # an idle socket the engine (or the timer) closed
 
-    def _release(self, conn: EngineConnection) -> None:
+    def release(self, conn: EngineConnection) -> None:
         """A response ended cleanly with keep-alive: pool the connection or close it."""
         if self._closed or len(self._idle) >= self._max_idle:
             conn.close()

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from narwhal.upstream.connection import EngineConnection
+from narwhal.http1 import WriteGate
 
 DataSink = Callable[[bytes], None]
 EndSink = Callable[[BaseException | None], None]
@@ -32,21 +31,19 @@ def call_end(loop: asyncio.AbstractEventLoop, on_end: EndSink, exc: BaseExceptio
         loop.call_exception_handler({"message": "upstream on_end sink failed", "exception": err})
 
 
-class FlowControl:
+class FlowControl(WriteGate):
     """Pause state of one engine connection: reading (relay backpressure) and writing (transport).
 
-    ``pause_reading``/``resume_reading`` map to the transport, idempotently. The transport's
-    ``pause_writing``/``resume_writing`` land here; :meth:`drain` waits while writing is
-    paused; :meth:`wake` and :meth:`release` let every waiter go.
+    ``pause_reading``/``resume_reading`` map to the transport, idempotently; the write side
+    (the transport's ``pause_writing``/``resume_writing``, :meth:`drain`) is the shared gate.
     """
 
-    __slots__ = ("_drain_waiter", "_transport", "read_paused", "write_paused")
+    __slots__ = ("_transport", "read_paused")
 
     def __init__(self, transport: asyncio.Transport) -> None:
+        super().__init__()
         self._transport = transport
         self.read_paused = False
-        self.write_paused = False
-        self._drain_waiter: asyncio.Future[None] | None = None
 
     def pause_reading(self) -> None:
         if not self.read_paused and not self._transport.is_closing():
@@ -59,44 +56,32 @@ class FlowControl:
             if not self._transport.is_closing():
                 self._transport.resume_reading()
 
-    def pause_writing(self) -> None:
-        self.write_paused = True
 
-    def resume_writing(self) -> None:
-        self.write_paused = False
-        self.wake()
+class BodySource(Protocol):
+    """The connection a response's body comes from (``connection.EngineConnection``)."""
 
-    async def drain(self) -> None:
-        """Wait while the transport's write buffer is over its high-water mark."""
-        if not self.write_paused:
-            return
-        if self._drain_waiter is None:
-            self._drain_waiter = asyncio.get_running_loop().create_future()
-        await self._drain_waiter
+    loop: asyncio.AbstractEventLoop
 
-    def wake(self) -> None:
-        """Release a drain waiter without changing the pause state (the response has begun)."""
-        waiter, self._drain_waiter = self._drain_waiter, None
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+    def set_body_sink(self, on_data: DataSink) -> None: ...
 
-    def release(self) -> None:
-        """Connection lost: nothing will ever be written again."""
-        self.write_paused = False
-        self.wake()
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
+    def abort(self) -> None: ...
 
 
 class UpstreamResponse:
     """The response side of one engine exchange: status, headers and the body's destination."""
 
-    __slots__ = ("_aborted", "_buffer", "_conn", "_done", "_end_exc", "_on_end", "_reader",
-                 "_sunk", "headers", "status")
+    __slots__ = ("_aborted", "_conn", "_done", "_end_exc", "_on_end", "_reader",
+                 "_sunk", "headers", "pending", "status")
 
-    def __init__(self, conn: EngineConnection, status: int, headers: dict[str, str]) -> None:
+    def __init__(self, conn: BodySource, status: int, headers: dict[str, str]) -> None:
         self.status = status
         self.headers = headers                      # lower-cased names
-        self._conn: EngineConnection | None = conn  # None once the exchange is over
-        self._buffer: list[bytes] = []              # body that arrived before set_sink
+        self._conn: BodySource | None = conn     # None once the exchange is over
+        self.pending: list[bytes] = []              # body that arrived before set_sink
         self._sunk = False
         self._on_end: EndSink | None = None
         self._done = False
@@ -114,7 +99,7 @@ class UpstreamResponse:
         if self._sunk:
             raise RuntimeError("the response body already has a sink")
         self._sunk = True
-        buffered = self._buffer
+        buffered = self.pending
         if buffered and not self._aborted:
             on_data(buffered[0] if len(buffered) == 1 else b"".join(buffered))
         buffered.clear()
@@ -124,50 +109,11 @@ class UpstreamResponse:
                 on_end(self._end_exc)
             return
         self._on_end = on_end
-        conn._on_data = on_data
+        conn.set_body_sink(on_data)
 
-    async def read_all(self, limit: int = 16 << 20) -> bytes:
-        """The whole body (at most ``limit`` bytes, else UpstreamError("protocol"))."""
-        return await self._read_all(limit, None)
-
-    def pause_reading(self) -> None:
-        """Stop reading from the engine (the client is slow)."""
-        if self._conn is not None:
-            self._conn._flow.pause_reading()
-
-    def resume_reading(self) -> None:
-        if self._conn is not None:
-            self._conn._flow.resume_reading()
-
-    def abort(self) -> None:
-        """Drop the connection now; the engine sees the disconnect. No sink calls follow."""
-        conn = self._conn
-        if conn is None:
-            return
-        self._conn = None
-        self._done = True
-        self._aborted = True
-        self._on_end = None
-        self._end_exc = UpstreamError("reset", "aborted by the caller", before_headers=False)
-        conn.abort()
-        reader = self._reader
-        if reader is not None and not reader.done():
-            reader.set_exception(self._end_exc)
-
-    # -- connection side ----------------------------------------------------------------
-
-    def _finish(self, exc: BaseException | None) -> None:
-        """The message ended (``exc`` None) or the connection died under it."""
-        if self._done:
-            return
-        self._done = True
-        self._end_exc = exc
-        conn, self._conn = self._conn, None
-        on_end, self._on_end = self._on_end, None
-        if on_end is not None and conn is not None:
-            call_end(conn._loop, on_end, exc)
-
-    async def _read_all(self, limit: int, timeout_s: float | None) -> bytes:
+    async def read_all(self, limit: int = 16 << 20, *, timeout_s: float | None = None) -> bytes:
+        """The whole body (at most ``limit`` bytes, else UpstreamError("protocol"); within
+        ``timeout_s``, else UpstreamError("timeout") and the connection is dropped)."""
         loop = asyncio.get_running_loop()
         reader: asyncio.Future[None] = loop.create_future()
         parts: list[bytes] = []
@@ -212,3 +158,40 @@ class UpstreamResponse:
             if timer is not None:
                 timer.cancel()
         return b"".join(parts)
+
+    def pause_reading(self) -> None:
+        """Stop reading from the engine (the client is slow)."""
+        if self._conn is not None:
+            self._conn.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self._conn is not None:
+            self._conn.resume_reading()
+
+    def abort(self) -> None:
+        """Drop the connection now; the engine sees the disconnect. No sink calls follow."""
+        conn = self._conn
+        if conn is None:
+            return
+        self._conn = None
+        self._done = True
+        self._aborted = True
+        self._on_end = None
+        self._end_exc = UpstreamError("reset", "aborted by the caller", before_headers=False)
+        conn.abort()
+        reader = self._reader
+        if reader is not None and not reader.done():
+            reader.set_exception(self._end_exc)
+
+    # -- connection side ----------------------------------------------------------------
+
+    def finish(self, exc: BaseException | None) -> None:
+        """The message ended (``exc`` None) or the connection died under it."""
+        if self._done:
+            return
+        self._done = True
+        self._end_exc = exc
+        conn, self._conn = self._conn, None
+        on_end, self._on_end = self._on_end, None
+        if on_end is not None and conn is not None:
+            call_end(conn.loop, on_end, exc)
