@@ -21,6 +21,7 @@ from narwhal.api.router import Router
 from narwhal.config import Config
 from narwhal.fleet.engine import Engine
 from narwhal.fleet.health import HealthMonitor
+from narwhal.fleet.outlier import metric_families as outlier_families
 from narwhal.fleet.shared_admin import SharedAdmin
 from narwhal.fleet.state import RouterState
 from narwhal.flow.completion import CompletionFlow
@@ -124,4 +125,5 @@ class Narwhal:
 
     def _metric_families(self) -> Iterable[Metric]:
         yield token_accounting_family(self.engines)
+        yield from outlier_families(self.engines)
         yield from self.learning.metric_families()

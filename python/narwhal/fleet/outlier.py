@@ -2,9 +2,9 @@
 
 Modelled on Envoy's outlier detection, in two detectors with one cap:
 
-* **Transport** (connect failures, resets, header timeouts, engine 5xx): ``threshold``
-  consecutive such failures on one engine eject it. Nothing a client sends makes an engine
-  refuse connections, so these count per engine alone.
+* **Transport** (connect failures, resets, header timeouts, engine 5xx, the engine refusing
+  the router's key): ``threshold`` consecutive such failures on one engine eject it.
+  Nothing a client sends makes an engine refuse connections, so these count per engine.
 * **Content** (malformed output, unsupported fields, the engine's own error event): a
   client can make every engine produce these on purpose, so an engine is ejected for them
   only when it fails clearly more often than its peers over the last ``WINDOW_S`` — enough
@@ -39,8 +39,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("narwhal.outlier")
 
 # -- what the request flow reports, once per attempt ---------------------------------------
-TRANSPORT_KINDS = ("connect", "header_timeout", "reset", "status_5xx")
-"""The engine could not be reached or answered 5xx: counted per engine, consecutively."""
+TRANSPORT_KINDS = ("connect", "header_timeout", "reset", "status_5xx", "auth_rejected")
+"""The engine could not be reached, answered 5xx, or refused the router's own key (401/403):
+counted per engine, consecutively."""
 CONTENT_KINDS = ("malformed_engine_output", "unsupported_engine_field", "engine_error_event")
 """The engine answered, but the answer failed: judged against the engine's peers."""
 FAILURE_KINDS = TRANSPORT_KINDS + CONTENT_KINDS
