@@ -18,10 +18,10 @@ pub struct Outcome {
     pub finish: Option<Result<Vec<u8>, String>>,
 }
 
-/// Every combination of the session's options (32 modes).
+/// Every combination of the session's options (128 modes).
 pub fn all_modes() -> Vec<Options> {
     let mut modes = Vec::new();
-    for bits in 0..32u32 {
+    for bits in 0..128u32 {
         modes.push(Options {
             route: if bits & 1 == 0 {
                 Route::Chat
@@ -33,6 +33,8 @@ pub fn all_modes() -> Vec<Options> {
             drop_usage: bits & 8 != 0,
             require_token_ids: bits & 16 != 0,
             prompt_tokens: 5,
+            strip_reasoning: bits & 32 != 0,
+            echo: bits & 64 != 0,
         });
     }
     modes

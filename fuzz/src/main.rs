@@ -68,7 +68,7 @@ fn main() {
         if !input.is_empty() || rng.chance(2) {
             mutate::mutate(&mut rng, &mut input, &other);
         }
-        // every input in two modes chosen at random (all 32 are covered many times over)
+        // every input in two modes chosen at random (all 128 are covered many times over)
         for _ in 0..2 {
             let opts = *rng.pick(&modes);
             let mut local = Rng::new(rng.next_u64());

@@ -125,7 +125,14 @@ class StreamSession:
     return_token_ids (else token_ids/prompt_token_ids become null and ID-only chat events
     are dropped). drop_usage: drop usage-only frames. require_token_ids: every event
     carrying generated output must carry a valid token_ids list. prompt_tokens: for usage
-    computed when the engine sends none.
+    computed when the engine sends none. strip_reasoning (chat): the client sent
+    include_reasoning false and the engine was asked with reasoning; as vLLM with its parsers
+    on, reasoning leaves every delta (events left empty are dropped), token_ids and logprobs
+    are null everywhere (prompt_token_ids still follow expose_token_ids), while the IDs are
+    still validated and counted. echo: the client sent echo true; chat: vLLM's echo chunk
+    (prompt text right after the role chunk, no IDs) is accepted without IDs and not
+    counted, and the assembled content is never null; completions: the echo chunk's
+    prompt_token_ids, which vLLM sends even when not asked, are kept.
     """
 
     def __new__(
@@ -137,6 +144,8 @@ class StreamSession:
         drop_usage: bool,
         require_token_ids: bool,
         prompt_tokens: int = 0,
+        strip_reasoning: bool = False,
+        echo: bool = False,
     ) -> StreamSession: ...
     def feed(self, data: bytes) -> tuple[bytes, int, int]:
         """One engine read (de-chunked body bytes, any split). Returns (bytes to write to

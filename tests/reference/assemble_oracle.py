@@ -27,9 +27,18 @@ COMPLETION_LOGPROB_KEYS = ("text_offset", "token_logprobs", "tokens", "top_logpr
 class Assembler:
     """Folds events into the vLLM-0.32-shaped non-streaming body."""
 
-    def __init__(self, chat: bool, expose_token_ids: bool) -> None:
+    def __init__(
+        self,
+        chat: bool,
+        expose_token_ids: bool,
+        *,
+        strip_reasoning: bool = False,
+        echo: bool = False,
+    ) -> None:
         self.chat = chat
         self.expose = expose_token_ids
+        self.strip = chat and strip_reasoning  # include_reasoning false
+        self.echo = chat and echo
         self.meta: dict[str, Any] = {"id": None, "created": None, "model": None}
         self.system_fingerprint: Any = None
         self.usage: dict[str, Any] | None = None
@@ -98,7 +107,14 @@ class Assembler:
                 self.prompt_token_ids = c.get("prompt_token_ids")
             acc = self.choices.setdefault(c["index"], {"tools": {}})
             delta = delta_of(c)
-            for key in ("content", "reasoning", "reasoning_content", "refusal"):
+            if delta.get("role") is not None:
+                acc.setdefault("role", delta["role"])
+            keys = (
+                ("content", "refusal")
+                if self.strip
+                else ("content", "reasoning", "reasoning_content", "refusal")
+            )
+            for key in keys:
                 if delta.get(key) is not None:
                     acc[key] = acc.get(key, "") + delta[key]
             if c.get("text") is not None:
@@ -112,7 +128,7 @@ class Assembler:
                 tool["id"] += t.get("id") or ""
                 for key in ("name", "arguments"):
                     tool[key] += (t.get("function") or {}).get(key) or ""
-            if c.get("logprobs") is not None:
+            if c.get("logprobs") is not None and not self.strip:
                 lp = acc.setdefault("logprobs", {})
                 for key in CHAT_LOGPROB_KEYS if self.chat else COMPLETION_LOGPROB_KEYS:
                     if c["logprobs"].get(key) is not None:
@@ -124,7 +140,7 @@ class Assembler:
             )
             if stop is not None:
                 acc["stop_reason"] = stop
-            if c.get("token_ids") is not None:
+            if c.get("token_ids") is not None and not self.strip:
                 acc["token_ids"] = acc.get("token_ids", []) + c["token_ids"]
             if not self.chat and acc.get("prompt_token_ids") is None:
                 acc["prompt_token_ids"] = c.get("prompt_token_ids")
@@ -170,9 +186,13 @@ class Assembler:
         if self.chat:
             tools = [acc["tools"][k] for k in sorted(acc["tools"])]
             content = acc.get("content")
+            if self.echo:  # vLLM prepends the echoed text to a string, even to nothing
+                content = content or ""
+            elif tools and not content:
+                content = None
             message: dict[str, Any] = {
-                "role": "assistant",
-                "content": None if tools and not content else content,
+                "role": acc.get("role", "assistant"),
+                "content": content,
                 "refusal": acc.get("refusal"),
                 "annotations": None,
                 "audio": None,

@@ -176,6 +176,30 @@ def is_id_only(ev: dict[str, Any]) -> bool:
     )
 
 
+REASONING_KEYS = ("reasoning", "reasoning_content")
+
+
+def is_emptied_by_strip(ev: dict[str, Any]) -> bool:
+    """include_reasoning false: no choice keeps a finish reason or a non-reasoning value."""
+    choices = ev.get("choices") or []
+    return len(choices) > 0 and all(
+        c.get("finish_reason") is None
+        and all(v is None for k, v in delta_of(c).items() if k not in REASONING_KEYS)
+        for c in choices
+    )
+
+
+def is_echo_chunk(choice: dict[str, Any]) -> bool:
+    """vLLM's chat echo chunk: content only, no IDs, no finish reason."""
+    delta = delta_of(choice)
+    return (
+        choice.get("token_ids") is None
+        and choice.get("finish_reason") is None
+        and delta.get("content") is not None
+        and all(v is None for k, v in delta.items() if k != "content")
+    )
+
+
 def sse(payload: bytes) -> bytes:
     return b"data: " + payload.replace(b"\n", b"\ndata: ") + b"\n\n"
 
@@ -192,14 +216,22 @@ class StreamSession:
         drop_usage: bool,
         require_token_ids: bool,
         prompt_tokens: int = 0,
+        strip_reasoning: bool = False,
+        echo: bool = False,
     ) -> None:
         if route not in ("chat", "completion"):
             raise ValueError(f'route must be "chat" or "completion", got {route!r}')
         self.chat = route == "chat"
         self.assemble, self.expose, self.drop_usage = assemble, expose_token_ids, drop_usage
         self.require, self.prompt_tokens = require_token_ids, prompt_tokens
+        self.strip = self.chat and strip_reasoning
+        self.echo, self.echo_open = echo, self.chat and echo
         self.framer = SseFramer()
-        self.asm = Assembler(self.chat, expose_token_ids) if assemble else None
+        self.asm = (
+            Assembler(self.chat, expose_token_ids, strip_reasoning=self.strip, echo=echo)
+            if assemble
+            else None
+        )
         self.state = OPEN
         self.failure: tuple[str, str] | None = None
         self.engine_error: bytes | None = None
@@ -279,7 +311,7 @@ class StreamSession:
             validate_ids(ev["prompt_token_ids"], "prompt_token_ids")
         ids, carrying = 0, False
         for c in ev.get("choices") or []:
-            out = carries_output(c)
+            out = carries_output(c) and not (self.echo_open and is_echo_chunk(c))
             carrying |= out
             if c.get("token_ids") is not None:
                 ids += validate_ids(c["token_ids"], "token_ids")
@@ -289,21 +321,37 @@ class StreamSession:
                 )
             if c.get("prompt_token_ids") is not None:
                 validate_ids(c["prompt_token_ids"], "prompt_token_ids")
+        if carrying:
+            self.echo_open = False
         return ids, carrying
 
     def expose_event(self, payload: bytes, ev: dict[str, Any]) -> None:
         if self.drop_usage and is_usage_only(ev):
             return
-        if self.expose:
+        if self.strip:
+            if is_emptied_by_strip(ev):
+                return
+        elif self.expose:
             self.out += sse(payload)
             return
-        if self.chat and is_id_only(ev):
+        elif self.chat and is_id_only(ev):
             return
-        rewrite = ev.get("prompt_token_ids") is not None
-        if rewrite:
-            ev["prompt_token_ids"] = None
+        nulled = ["token_ids"]
+        if self.strip:
+            nulled.append("logprobs")
+        if not self.expose and (self.chat or not self.echo):
+            nulled.append("prompt_token_ids")  # completions echo: vLLM sends them unasked
+        rewrite = False
+        if not self.expose and ev.get("prompt_token_ids") is not None:
+            ev["prompt_token_ids"], rewrite = None, True
         for c in ev.get("choices") or []:
-            for key in ("prompt_token_ids", "token_ids"):
+            delta = c.get("delta")
+            if self.strip and isinstance(delta, dict):
+                for key in REASONING_KEYS:
+                    if delta.get(key) is not None:
+                        del delta[key]
+                        rewrite = True
+            for key in nulled:
                 if c.get(key) is not None:
                     c[key], rewrite = None, True
         self.out += sse(dumps(ev) if rewrite else payload)

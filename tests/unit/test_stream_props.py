@@ -38,6 +38,8 @@ OPTIONS = st.fixed_dictionaries(
         "drop_usage": st.booleans(),
         "require_token_ids": st.booleans(),
         "prompt_tokens": st.integers(0, 10_000),
+        "strip_reasoning": st.booleans(),
+        "echo": st.booleans(),
     }
 )
 
@@ -121,6 +123,10 @@ def chat_events(draw: st.DrawFn, ids: bool) -> list[dict[str, Any]]:
         }
         extra: dict[str, Any] = {"prompt_token_ids": draw(IDS) if ids else None}
         events.append(chunk("chat", [role], **extra))
+    if draw(st.booleans()):  # vLLM's echo chunks: the last message's text, no IDs
+        for i in range(n):
+            echo = {"index": i, "delta": {"content": draw(TEXT)}, "logprobs": None}
+            events.append(chunk("chat", [echo | {"finish_reason": None}]))
     for _ in range(draw(st.integers(0, 6))):
         choices = []
         for i in draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=2, unique=True)):

@@ -11,6 +11,7 @@ use crate::delta::{
     as_integer, as_u64, list_inner, string_inner, Choice, Event, Kind, Raw, UsageInfo,
 };
 use crate::error::StreamError;
+use crate::session::Options;
 
 mod body;
 pub use body::usage_with_details;
@@ -97,6 +98,8 @@ type Bytes = Option<Vec<u8>>;
 #[derive(Debug, Default)]
 struct ChoiceAcc {
     index: u64,
+    /// The role chunk's role, as sent (JSON string).
+    role: Option<Vec<u8>>,
     content: Option<Vec<u8>>,
     reasoning: Option<Vec<u8>>,
     reasoning_content: Option<Vec<u8>>,
@@ -116,6 +119,10 @@ struct ChoiceAcc {
 pub struct Assembler {
     chat: bool,
     expose_token_ids: bool,
+    /// `include_reasoning: false` (chat): no reasoning, `token_ids` or `logprobs`.
+    strip_reasoning: bool,
+    /// `echo: true` (chat): vLLM's message content is never null.
+    echo: bool,
     id: Option<Vec<u8>>,
     created: Option<Vec<u8>>,
     model: Option<Vec<u8>>,
@@ -213,11 +220,14 @@ fn tool_frags<'a>(raw: Raw<'a>) -> Result<Vec<ToolFrag<'a>>, StreamError> {
 }
 
 impl Assembler {
-    /// An empty assembler for a chat (`chat`) or completion stream.
-    pub fn new(chat: bool, expose_token_ids: bool) -> Self {
+    /// An empty assembler for a chat (`chat`) or completion stream; `opts` says what the
+    /// client asked (token IDs, reasoning, echo).
+    pub fn new(chat: bool, opts: &Options) -> Self {
         Assembler {
             chat,
-            expose_token_ids,
+            expose_token_ids: opts.expose_token_ids,
+            strip_reasoning: chat && opts.strip_reasoning,
+            echo: chat && opts.echo,
             id: None,
             created: None,
             model: None,
@@ -354,11 +364,15 @@ impl Assembler {
             if chat && self.prompt_token_ids.is_none() {
                 first(&mut self.prompt_token_ids, c.prompt_token_ids);
             }
+            let strip = self.strip_reasoning;
             let acc = self.choice(p.index);
             if let Some(d) = &c.delta {
+                first(&mut acc.role, d.role);
                 push_str(&mut acc.content, d.content);
-                push_str(&mut acc.reasoning, d.reasoning);
-                push_str(&mut acc.reasoning_content, d.reasoning_content);
+                if !strip {
+                    push_str(&mut acc.reasoning, d.reasoning);
+                    push_str(&mut acc.reasoning_content, d.reasoning_content);
+                }
                 push_str(&mut acc.refusal, d.refusal);
             }
             push_str(&mut acc.text, c.text);
@@ -383,7 +397,7 @@ impl Assembler {
                 push_str(&mut tool.name, t.name);
                 push_str(&mut tool.arguments, t.arguments);
             }
-            if let Some(arrays) = p.logprobs {
+            if let Some(arrays) = p.logprobs.filter(|_| !strip) {
                 let lp = acc.logprobs.get_or_insert_with(Default::default);
                 for (slot, r) in lp.iter_mut().zip(arrays) {
                     if let Some(r) = r {
@@ -393,7 +407,7 @@ impl Assembler {
             }
             last(&mut acc.finish_reason, c.finish_reason);
             last(&mut acc.stop_reason, p.stop_reason);
-            if let Some(ids) = c.token_ids {
+            if let Some(ids) = c.token_ids.filter(|_| !strip) {
                 push_list(&mut acc.token_ids, list_inner(ids));
             }
             if !chat {

@@ -211,6 +211,28 @@ impl Delta<'_> {
                 || self.tool_calls.is_some()
                 || self.function_call.is_some())
     }
+
+    /// Some key other than `reasoning` / `reasoning_content` carries a value.
+    pub fn has_value_besides_reasoning(&self) -> bool {
+        self.content.is_some() || self.has_other_value()
+    }
+
+    /// Only `content` carries a value: the shape of vLLM's chat echo chunk.
+    pub fn is_content_only(&self) -> bool {
+        self.content.is_some()
+            && self.reasoning.is_none()
+            && self.reasoning_content.is_none()
+            && !self.has_other_value()
+    }
+
+    /// A value under a key other than content and the reasoning keys.
+    fn has_other_value(&self) -> bool {
+        self.role.is_some()
+            || self.refusal.is_some()
+            || self.tool_calls.is_some()
+            || self.function_call.is_some()
+            || self.unknown.is_some()
+    }
 }
 
 impl Choice<'_> {

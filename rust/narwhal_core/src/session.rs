@@ -3,9 +3,9 @@
 use std::str::FromStr;
 
 use crate::assemble::Assembler;
-use crate::delta::{error_message, parse_event, parse_usage, Event, UsageInfo};
+use crate::delta::{error_message, parse_event, parse_usage, Delta, Event, UsageInfo};
 use crate::error::StreamError;
-use crate::expose::{id_spans, is_id_only, write_event, DONE};
+use crate::expose::{edits, is_emptied_by_strip, is_id_only, write_event, Edit, Rewrite, DONE};
 use crate::sse::SseFramer;
 use crate::token_ids;
 
@@ -53,6 +53,16 @@ pub struct Options {
     pub require_token_ids: bool,
     /// Sized prompt length, for usage computed when the engine sends none.
     pub prompt_tokens: u64,
+    /// Chat only: the client sent `include_reasoning: false` and the engine was asked with
+    /// reasoning. As vLLM does with its parsers on: reasoning leaves every delta (events
+    /// left with nothing are dropped), and `token_ids` and `logprobs` are null everywhere.
+    /// IDs are still validated and counted.
+    pub strip_reasoning: bool,
+    /// The client sent `echo: true`. Chat: vLLM's echo chunk (the last message's text right
+    /// after the role chunk, without IDs) is prompt: accepted without IDs, not counted.
+    /// Completions: the echo chunk's `prompt_token_ids` (sent by vLLM even when not asked)
+    /// stay.
+    pub echo: bool,
 }
 
 /// One engine attempt. Feed it every network read; it returns what to write to the client.
@@ -76,16 +86,28 @@ struct Core {
     events: u64,
     read_count: u64,
     out: Vec<u8>,
-    spans: Vec<(usize, usize)>,
+    edits: Vec<Edit>,
+    /// What exposure rewrites (fixed by the options).
+    rewrite: Rewrite,
+    /// `strip_reasoning` on the chat route.
+    strip: bool,
+    /// A chat echo chunk may still come (no generated output yet).
+    echo_open: bool,
     assembler: Option<Assembler>,
 }
 
 impl StreamSession {
     /// A session at the start of the engine's response body.
     pub fn new(opts: Options) -> Self {
-        let assembler = opts
-            .assemble
-            .then(|| Assembler::new(opts.route == Route::Chat, opts.expose_token_ids));
+        let chat = opts.route == Route::Chat;
+        let strip = chat && opts.strip_reasoning;
+        let assembler = opts.assemble.then(|| Assembler::new(chat, &opts));
+        let rewrite = Rewrite {
+            token_ids: true,
+            prompt_token_ids: !opts.expose_token_ids,
+            choice_prompt_token_ids: !opts.expose_token_ids && (chat || !opts.echo),
+            strip_reasoning: strip,
+        };
         StreamSession {
             framer: SseFramer::new(),
             core: Core {
@@ -100,7 +122,10 @@ impl StreamSession {
                 events: 0,
                 read_count: 0,
                 out: Vec::with_capacity(1024),
-                spans: Vec::new(),
+                edits: Vec::new(),
+                rewrite,
+                strip,
+                echo_open: chat && opts.echo,
                 assembler,
             },
         }
@@ -230,15 +255,19 @@ impl Core {
         Ok(())
     }
 
-    /// Validate every ID list of the event; returns (IDs, event carries output).
-    fn check_ids(&self, ev: &Event<'_>) -> Result<(u64, bool), StreamError> {
+    /// Validate every ID list of the event; returns (IDs, event carries generated output).
+    fn check_ids(&mut self, ev: &Event<'_>) -> Result<(u64, bool), StreamError> {
         if let Some(r) = ev.prompt_token_ids {
             token_ids::validate(r, "prompt_token_ids")?;
         }
         let mut ids = 0;
         let mut carrying = false;
         for c in ev.choices.iter().flatten() {
-            let out = c.carries_output();
+            let echo = self.echo_open
+                && c.token_ids.is_none()
+                && c.finish_reason.is_none()
+                && c.delta.as_ref().is_some_and(Delta::is_content_only);
+            let out = !echo && c.carries_output();
             carrying |= out;
             match c.token_ids {
                 Some(r) => ids += token_ids::validate(r, "token_ids")?.count,
@@ -253,6 +282,7 @@ impl Core {
                 token_ids::validate(r, "prompt_token_ids")?;
             }
         }
+        self.echo_open &= !carrying;
         Ok((ids, carrying))
     }
 
@@ -260,15 +290,18 @@ impl Core {
         if self.opts.drop_usage && ev.is_usage_only() {
             return;
         }
-        if self.opts.expose_token_ids {
+        if self.strip {
+            if is_emptied_by_strip(ev) {
+                return;
+            }
+        } else if self.opts.expose_token_ids {
             write_event(&mut self.out, payload, &[], lines);
             return;
-        }
-        if self.opts.route == Route::Chat && is_id_only(ev) {
+        } else if self.opts.route == Route::Chat && is_id_only(ev) {
             return;
         }
-        id_spans(payload, ev, &mut self.spans);
-        write_event(&mut self.out, payload, &self.spans, lines);
+        edits(payload, ev, self.rewrite, &mut self.edits);
+        write_event(&mut self.out, payload, &self.edits, lines);
     }
 
     fn commit(&mut self, ids: u64, carrying: bool, usage: Option<UsageInfo>) {
@@ -298,6 +331,8 @@ mod tests {
             drop_usage: true,
             require_token_ids: require,
             prompt_tokens: 0,
+            strip_reasoning: false,
+            echo: false,
         })
     }
 
@@ -431,5 +466,144 @@ mod tests {
             session(false, false, false).finish().unwrap_err(),
             StreamError::NotAssembling
         );
+    }
+
+    fn with(route: Route, f: impl FnOnce(&mut Options)) -> StreamSession {
+        let mut o = Options {
+            route,
+            assemble: false,
+            expose_token_ids: false,
+            drop_usage: false,
+            require_token_ids: true,
+            prompt_tokens: 0,
+            strip_reasoning: false,
+            echo: false,
+        };
+        f(&mut o);
+        StreamSession::new(o)
+    }
+
+    const REASONING: &str = r#"{"choices":[{"index":0,"delta":{"reasoning":"hm"},"logprobs":{"content":[]},"token_ids":[4,5]}]}"#;
+    const CONTENT_LP: &str = r#"{"choices":[{"index":0,"delta":{"content":"hi"},"logprobs":{"content":[]},"token_ids":[7]}]}"#;
+    const FINISH: &str = r#"{"choices":[{"index":0,"delta":{"reasoning":"x"},"logprobs":null,"finish_reason":"length","token_ids":[8]}]}"#;
+
+    #[test]
+    fn strip_reasoning_hides_reasoning_ids_and_logprobs_but_counts_ids() {
+        for expose in [false, true] {
+            let mut s = with(Route::Chat, |o| {
+                o.strip_reasoning = true;
+                o.expose_token_ids = expose;
+            });
+            let body = [
+                sse(&[ROLE, REASONING, IDS_ONLY, CONTENT_LP, FINISH]),
+                b"data: [DONE]\n\n".to_vec(),
+            ]
+            .concat();
+            let (out, n, state) = s.feed(&body);
+            let prompt = if expose { "[1,2]" } else { "null" };
+            let want = format!(
+                concat!(
+                    "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"role\":\"assistant\",\"content\":\"\"}}}}],\"prompt_token_ids\":{}}}\n\n",
+                    "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"hi\"}},\"logprobs\":null,\"token_ids\":null}}]}}\n\n",
+                    "data: {{\"choices\":[{{\"index\":0,\"delta\":{{}},\"logprobs\":null,\"finish_reason\":\"length\",\"token_ids\":null}}]}}\n\n",
+                    "data: [DONE]\n\n"
+                ),
+                prompt
+            );
+            assert_eq!(std::str::from_utf8(out).unwrap(), want);
+            assert_eq!((n, state, s.output_tokens()), (5, State::Done, 5));
+        }
+        // The IDs are still required and validated.
+        let mut s = with(Route::Chat, |o| o.strip_reasoning = true);
+        s.feed(&sse(&[
+            r#"{"choices":[{"index":0,"delta":{"reasoning":"x"}}]}"#,
+        ]));
+        assert!(s.failure().unwrap().to_string().contains("no token_ids"));
+    }
+
+    #[test]
+    fn chat_echo_chunk_is_prompt_not_output() {
+        let echo = r#"{"choices":[{"index":0,"delta":{"content":"Once upon"},"logprobs":null,"finish_reason":null}]}"#;
+        let body = [sse(&[ROLE, echo, TEXT]), b"data: [DONE]\n\n".to_vec()].concat();
+        let mut s = with(Route::Chat, |o| {
+            o.echo = true;
+            o.expose_token_ids = true;
+        });
+        let (out, n, state) = s.feed(&body);
+        assert_eq!(out, body.clone().replace_crlf());
+        assert_eq!((n, state, s.output_tokens()), (2, State::Done, 2));
+        // Only before generated output: a later event without IDs still fails.
+        let mut s = with(Route::Chat, |o| o.echo = true);
+        s.feed(&sse(&[ROLE, echo, TEXT, echo]));
+        assert!(s.failure().unwrap().to_string().contains("no token_ids"));
+        // Without echo asked, the same event is generated output without IDs.
+        let mut s = with(Route::Chat, |_| {});
+        s.feed(&sse(&[ROLE, echo]));
+        assert!(s.failure().is_some());
+        // Without required IDs it is not counted as an event carrying output either.
+        let mut s = with(Route::Chat, |o| {
+            o.echo = true;
+            o.require_token_ids = false;
+        });
+        assert_eq!(s.feed(&sse(&[ROLE, echo, TEXT])).1, 1);
+    }
+
+    #[test]
+    fn completion_echo_keeps_the_prompt_ids_vllm_sends() {
+        let first = r#"{"choices":[{"index":0,"text":"Say hi there","prompt_token_ids":[1,2],"token_ids":null}]}"#;
+        let mut s = with(Route::Completion, |o| {
+            o.echo = true;
+            o.require_token_ids = false;
+        });
+        let (out, n, _) = s.feed(&sse(&[first]));
+        assert_eq!(out, sse(&[first]).replace_crlf());
+        assert_eq!(n, 1);
+        let mut s = with(Route::Completion, |o| o.require_token_ids = false);
+        let (out, _, _) = s.feed(&sse(&[first]));
+        assert!(std::str::from_utf8(out)
+            .unwrap()
+            .contains(r#""prompt_token_ids":null"#));
+    }
+
+    #[test]
+    fn assembly_with_strip_and_echo() {
+        let head = r#""id":"c","object":"chat.completion.chunk","created":1,"model":"m""#;
+        let role = format!(
+            r#"{{{head},"choices":[{{"index":0,"delta":{{"role":"user","content":""}}}}],"prompt_token_ids":[1]}}"#
+        );
+        let echo = format!(
+            r#"{{{head},"choices":[{{"index":0,"delta":{{"content":"pre "}},"logprobs":null,"finish_reason":null}}]}}"#
+        );
+        let body = [
+            sse(&[&role, &echo, REASONING, CONTENT_LP, FINISH]),
+            b"data: [DONE]\n\n".to_vec(),
+        ]
+        .concat();
+        let mut s = with(Route::Chat, |o| {
+            o.assemble = true;
+            o.expose_token_ids = true;
+            o.strip_reasoning = true;
+            o.echo = true;
+        });
+        assert_eq!(s.feed(&body).2, State::Done);
+        let out: serde_json::Value = serde_json::from_slice(&s.finish().unwrap()).unwrap();
+        let choice = &out["choices"][0];
+        assert_eq!(choice["message"]["role"], "user");
+        assert_eq!(choice["message"]["content"], "pre hi");
+        assert!(choice["message"]["reasoning"].is_null());
+        assert!(choice["logprobs"].is_null() && choice["token_ids"].is_null());
+        assert_eq!(out["prompt_token_ids"], serde_json::json!([1]));
+        assert_eq!(out["usage"]["completion_tokens"], 4);
+        // Echo asked but nothing to echo and no content: vLLM still answers a string.
+        let calls = format!(
+            r#"{{{head},"choices":[{{"index":0,"delta":{{"tool_calls":[{{"index":0,"id":"t","type":"function","function":{{"name":"f","arguments":"{{}}"}}}}]}},"token_ids":[3]}}]}}"#
+        );
+        let mut s = with(Route::Chat, |o| {
+            o.assemble = true;
+            o.echo = true;
+        });
+        s.feed(&[sse(&[&role, &calls]), b"data: [DONE]\n\n".to_vec()].concat());
+        let out: serde_json::Value = serde_json::from_slice(&s.finish().unwrap()).unwrap();
+        assert_eq!(out["choices"][0]["message"]["content"], "");
     }
 }

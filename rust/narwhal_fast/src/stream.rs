@@ -35,7 +35,11 @@ pub struct PyStreamSession {
 #[pymethods]
 impl PyStreamSession {
     #[new]
-    #[pyo3(signature = (route, *, assemble, expose_token_ids, drop_usage, require_token_ids, prompt_tokens = 0))]
+    #[pyo3(signature = (
+        route, *, assemble, expose_token_ids, drop_usage, require_token_ids, prompt_tokens = 0,
+        strip_reasoning = false, echo = false
+    ))]
+    #[allow(clippy::too_many_arguments)] // one per Python keyword argument
     fn new(
         route: &str,
         assemble: bool,
@@ -43,6 +47,8 @@ impl PyStreamSession {
         drop_usage: bool,
         require_token_ids: bool,
         prompt_tokens: u64,
+        strip_reasoning: bool,
+        echo: bool,
     ) -> PyResult<Self> {
         let route: Route = route.parse().map_err(PyValueError::new_err)?;
         Ok(PyStreamSession {
@@ -53,6 +59,8 @@ impl PyStreamSession {
                 drop_usage,
                 require_token_ids,
                 prompt_tokens,
+                strip_reasoning,
+                echo,
             }),
         })
     }

@@ -87,17 +87,17 @@ impl Assembler {
     }
 
     fn chat_choice(&self, o: &mut Vec<u8>, c: &ChoiceAcc) {
-        o.extend_from_slice(
-            format!(
-                "{{\"index\":{},\"message\":{{\"role\":\"assistant\",\"content\":",
-                c.index
-            )
-            .as_bytes(),
-        );
-        let content = c
-            .content
-            .as_deref()
-            .filter(|s| c.tools.is_empty() || !s.is_empty());
+        o.extend_from_slice(format!("{{\"index\":{},\"message\":{{\"role\":", c.index).as_bytes());
+        o.extend_from_slice(c.role.as_deref().unwrap_or(b"\"assistant\""));
+        o.extend_from_slice(b",\"content\":");
+        let content = if self.echo {
+            // vLLM prepends the echoed text to a string, even to no content at all.
+            Some(c.content.as_deref().unwrap_or(b""))
+        } else {
+            c.content
+                .as_deref()
+                .filter(|s| c.tools.is_empty() || !s.is_empty())
+        };
         string_or_null(o, content);
         o.extend_from_slice(b",\"refusal\":");
         string_or_null(o, c.refusal.as_deref());
@@ -266,6 +266,8 @@ mod tests {
             drop_usage: false,
             require_token_ids: false,
             prompt_tokens: 4,
+            strip_reasoning: false,
+            echo: false,
         });
         let mut body = String::new();
         for e in events {
