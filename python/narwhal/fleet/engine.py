@@ -34,7 +34,6 @@ class Engine:
         "draining",
         "health",
         "index",
-        "last_probe_ok",
         "load",
         "maintenance",
     )
@@ -48,7 +47,6 @@ class Engine:
         self.maintenance = False
         self.consecutive_failures = 0
         self.consecutive_successes = 0
-        self.last_probe_ok: float | None = None
         self.load: dict[str, float] = {}
         self.breaker = Outlier(config.name)  # joined to its fleet by the health monitor
 

@@ -29,12 +29,24 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 if TYPE_CHECKING:
-    from narwhal.fleet.engine import Engine
+    from narwhal.config import EngineConfig
+
+
+class Engine(Protocol):
+    """What outlier detection reads of an engine (``fleet.engine.Engine``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    config: EngineConfig
+    breaker: Outlier
+
+    def passes(self) -> bool: ...
 
 log = logging.getLogger("narwhal.outlier")
 

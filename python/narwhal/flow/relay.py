@@ -20,6 +20,7 @@ from narwhal._narwhal_fast import Board, StreamSession
 from narwhal.admission.gate import AdmissionQueue
 from narwhal.errors import Refusal
 from narwhal.fleet.engine import Engine
+from narwhal.fleet.outlier import kind_for_code
 from narwhal.flow.attempt import CANCELLED, Ended, Outcome, Retry, dispatch
 from narwhal.flow.context import RequestContext
 from narwhal.flow.prefill import prefill_leg
@@ -37,11 +38,6 @@ log = logging.getLogger("narwhal.relay")
 _OPEN, _DONE, _FAILED = 0, 1, 2
 _RETRYABLE_STREAM_FAILURES = frozenset({"engine_error", "malformed_engine_output"})
 """Failures of an attempt's first event that another engine may not repeat."""
-
-
-def stream_failure_kind(code: str) -> str:
-    """A session failure code as the engine's outlier detection counts it."""
-    return "engine_error_event" if code == "engine_error" else code
 
 
 class Relay:
@@ -263,13 +259,13 @@ class Relay:
                 body = session.finish()
             except ValueError as exc:
                 code = getattr(exc, "code", "malformed_engine_output")
-                self._fail_stream(code, str(exc), stream_failure_kind(code))
+                self._fail_stream(code, str(exc), kind_for_code(code))
                 return
             self.responder.send(200, body)
             self._finish("completed", None)
         elif state == _FAILED:
             code, message = session.failure or ("malformed_engine_output", "bad engine stream")
-            self._fail_stream(code, message, stream_failure_kind(code))
+            self._fail_stream(code, message, kind_for_code(code))
 
     def _on_end(self, exc: BaseException | None) -> None:
         if self.outcome is not None:
