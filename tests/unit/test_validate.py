@@ -125,6 +125,8 @@ CHAT_SHAPE = [
     (chat(stream=1), "stream"),
     (chat(stream_options=True), "stream_options"),
     (chat(stream_options=[]), "stream_options"),
+    (chat(stream_options={"include_usage": True}), "stream_options"),  # vLLM: stream only
+    (chat(stream=False, stream_options={"include_usage": False}), "stream_options"),
     (chat(stream=True, stream_options={"include_usage": "true"}), "stream_options.include_usage"),
     (chat(stream=True, stream_options={"include_usage": 1}), "stream_options.include_usage"),
     (chat(stream=True, stream_options={"continuous_usage_stats": 0}),
@@ -176,6 +178,7 @@ CMPL_SHAPE = [
     (cmpl(prompt=[[1], ["a"]]), "prompt[1][0]"),
     (cmpl(stream="false"), "stream"),
     (cmpl(stream_options=1), "stream_options"),
+    (cmpl(stream_options={"include_usage": True}), "stream_options"),  # vLLM: stream only
     (cmpl(n=True), "n"), (cmpl(best_of="2"), "best_of"), (cmpl(max_tokens=0), "max_tokens"),
     (cmpl(return_token_ids=0), "return_token_ids"),
     (cmpl(logprobs=True), "logprobs"), (cmpl(logprobs=-1), "logprobs"),

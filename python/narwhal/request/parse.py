@@ -81,6 +81,8 @@ def parse_request(route: str, raw: bytes, *, model: str) -> Parsed:
             _bad("stream_options", "`stream_options` must be an object or null.")
         include_usage = _opt_bool(so, "include_usage", "stream_options.") is True
         continuous = _opt_bool(so, "continuous_usage_stats", "stream_options.") is True
+        if so and not stream:  # as vLLM: a non-empty object needs stream: true
+            _bad("stream_options", "Stream options can only be defined when `stream=True`.")
     n = _opt_int(body, "n", 1)
     best_of = _opt_int(body, "best_of", 1)
     max_tokens = _opt_int(body, "max_tokens", 1)
