@@ -17,6 +17,7 @@ from narwhal.sim.http import Exchange, Request
 from narwhal.sim.settings import SimSettings
 from narwhal.sim.stats import Stats
 
+_UNAUTHORIZED = b'{"error":"Unauthorized"}'
 _NOT_FOUND = b'{"detail":"Not Found"}'
 _NOT_ALLOWED = b'{"detail":"Method Not Allowed"}'
 _PROMETHEUS = b"text/plain; version=0.0.4; charset=utf-8"
@@ -51,6 +52,11 @@ class SimApp:
         }
 
     def handle(self, request: Request, exchange: Exchange) -> None:
+        key = self.settings.api_key
+        if (key is not None and request.path.startswith("/v1")
+                and request.headers.get("authorization") != f"Bearer {key}"):
+            exchange.send(401, _UNAUTHORIZED)  # vLLM's authentication middleware
+            return
         methods = self._routes.get(request.path)
         if methods is None:
             exchange.send(404, _NOT_FOUND)
@@ -166,6 +172,8 @@ class SimApp:
     # -- test-only routes
     def _sim_stats(self, request: Request, exchange: Exchange) -> None:
         out = self.stats.as_json(self.engine.num_running, self.engine.num_waiting)
+        out["peak_running"] = self.engine.peak_running
+        out["peak_waiting"] = self.engine.peak_waiting
         exchange.send(200, orjson.dumps(out))
 
     def _sim_config(self, request: Request, exchange: Exchange) -> None:
@@ -182,4 +190,5 @@ class SimApp:
 
     def _sim_reset(self, request: Request, exchange: Exchange) -> None:
         self.stats.reset()
+        self.engine.reset_peaks()
         exchange.send(200, b'{"reset":true}')

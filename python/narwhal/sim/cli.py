@@ -52,6 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of all pseudo-random choices")
     parser.add_argument("--keepalive-timeout-s", type=float, default=d.keepalive_timeout_s,
                         help="close idle keep-alive connections after this long (uvicorn: 5)")
+    parser.add_argument("--api-key", default=None,
+                        help="as vLLM's --api-key: /v1 routes need 'Authorization: Bearer KEY' "
+                             "(else 401)")
     parser.add_argument("--exit-with-parent", action="store_true",
                         help="exit when the parent process dies (for test and demo harnesses)")
 
@@ -74,7 +77,7 @@ def settings_from(args: argparse.Namespace) -> SimSettings:
         prefill_overhead_ms=args.prefill_overhead_ms, tpot_ms=args.tpot_ms,
         tpot_growth_ms=args.tpot_growth_ms, output_len=args.output_len,
         max_model_len=args.max_model_len, role=args.role, seed=args.seed,
-        keepalive_timeout_s=args.keepalive_timeout_s,
+        keepalive_timeout_s=args.keepalive_timeout_s, api_key=args.api_key,
     )
 
 

@@ -65,6 +65,8 @@ class Engine:
         self._burst = 1  # decode steps the next callback runs
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
+        self.peak_running = 0  # most requests decoding at once (since start or reset_peaks)
+        self.peak_waiting = 0  # most requests queued or in prefill at once
 
     @property
     def num_waiting(self) -> int:
@@ -80,6 +82,11 @@ class Engine:
         self._waiting.append(job)
         if self._prefilling is None:
             self._start_prefill()
+        self.peak_waiting = max(self.peak_waiting, self.num_waiting)
+
+    def reset_peaks(self) -> None:
+        self.peak_running = self.num_running
+        self.peak_waiting = self.num_waiting
 
     def abort(self, job: Job) -> None:
         """Remove a job wherever it is (idempotent)."""
@@ -126,6 +133,7 @@ class Engine:
             try:
                 if not job.advance():
                     self._running[job] = None
+                    self.peak_running = max(self.peak_running, len(self._running))
                     self._schedule_step(fresh=True)
             finally:
                 self._batch.release()

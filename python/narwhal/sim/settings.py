@@ -66,6 +66,7 @@ class SimSettings:
     role: str = "mixed"
     seed: int = 0
     keepalive_timeout_s: float = 5.0
+    api_key: str | None = None  # as vLLM's --api-key: /v1 routes need this bearer key
     version: str = "0.32.0"
     output_length: OutputLength = field(init=False, repr=False)
 
