@@ -141,6 +141,9 @@ CHAT_SHAPE = [
     (chat(max_completion_tokens=0), "max_completion_tokens"),
     (chat(return_token_ids="true"), "return_token_ids"),
     (chat(return_token_ids=1), "return_token_ids"),
+    (chat(echo="true"), "echo"), (chat(echo=True, max_tokens=0), "max_tokens"),  # chat: >= 1
+    (chat(include_reasoning=0), "include_reasoning"),
+    (chat(include_reasoning="false"), "include_reasoning"),
     (chat(logprobs=1), "logprobs"), (chat(logprobs="true"), "logprobs"),
     (chat(top_logprobs=True), "top_logprobs"), (chat(top_logprobs=2.0), "top_logprobs"),
     (chat(top_logprobs=-2), "top_logprobs"),
@@ -181,6 +184,10 @@ CMPL_SHAPE = [
     (cmpl(stream_options={"include_usage": True}), "stream_options"),  # vLLM: stream only
     (cmpl(n=True), "n"), (cmpl(best_of="2"), "best_of"), (cmpl(max_tokens=0), "max_tokens"),
     (cmpl(return_token_ids=0), "return_token_ids"),
+    (cmpl(echo=1), "echo"), (cmpl(echo=False, max_tokens=0), "max_tokens"),
+    (cmpl(echo=True, max_tokens=False), "max_tokens"),
+    (cmpl(echo=True, max_tokens=0.0), "max_tokens"),
+    (cmpl(echo=True, max_tokens=-1), "max_tokens"),
     (cmpl(logprobs=True), "logprobs"), (cmpl(logprobs=-1), "logprobs"),
     (cmpl(logprobs=1.0), "logprobs"),
 ]
@@ -199,10 +206,11 @@ def test_completion_shape(body: dict[str, Any], param: str) -> None:
 @pytest.mark.parametrize("field", [
     "stream", "stream_options", "n", "best_of", "max_tokens", "max_completion_tokens",
     "return_token_ids", "logprobs", "top_logprobs", "tools", "tool_choice", "modalities",
-    "audio"])
+    "audio", "echo", "include_reasoning"])
 def test_null_router_fields_count_as_absent(field: str) -> None:
     p = parse("chat", chat(**{field: None}))
     assert p.stream is False and p.max_tokens is None and p.tools == 0
+    assert p.echo is False and p.include_reasoning is True
 
 
 @pytest.mark.parametrize(("body", "route"), [
@@ -224,6 +232,8 @@ def test_null_router_fields_count_as_absent(field: str) -> None:
     (cmpl(logprobs=0), "completion"),
     (cmpl(tools="not interpreted on completions", modalities=5), "completion"),
     (cmpl(messages="not interpreted on completions"), "completion"),
+    (cmpl(include_reasoning="not interpreted on completions"), "completion"),
+    (cmpl(echo=True, max_tokens=0), "completion"),  # vLLM answers the prompt alone
 ])
 def test_accepted(body: dict[str, Any], route: str) -> None:
     assert parse(route, body).body == body
@@ -336,6 +346,17 @@ def test_parsed_defaults() -> None:
     assert parse("chat", chat(max_tokens=9)).max_tokens == 9
 
 
+def test_parsed_echo_and_include_reasoning() -> None:
+    p = parse("chat", chat(echo=True, include_reasoning=False))
+    assert (p.echo, p.include_reasoning) == (True, False)
+    assert parse("chat", chat(include_reasoning=True)).include_reasoning is True
+    p = parse("completion", cmpl(echo=True, max_tokens=0))
+    assert (p.echo, p.max_tokens) == (True, 1)  # the engine generates one token it hides
+    assert p.body["max_tokens"] == 0  # the engine gets the client's value
+    assert parse("completion", cmpl(echo=True, max_tokens=3)).max_tokens == 3
+    assert parse("completion", cmpl(include_reasoning=False)).include_reasoning is True
+
+
 @pytest.mark.parametrize(("prompt", "chars", "ids"), [
     ("hello", 5, 0), (["ab", "cde"], 5, 0), ([1, 2, 3], 0, 3), ([[1, 2], [3]], 0, 3),
 ])
@@ -398,7 +419,8 @@ json_values = st.recursive(
 )
 FIELDS = ["model", "messages", "prompt", "stream", "stream_options", "n", "best_of",
           "max_tokens", "max_completion_tokens", "return_token_ids", "logprobs",
-          "top_logprobs", "tools", "tool_choice", "modalities", "audio"]
+          "top_logprobs", "tools", "tool_choice", "modalities", "audio", "echo",
+          "include_reasoning"]
 
 
 def _mostly(valid: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
@@ -427,6 +449,8 @@ OPTIONAL = {
     "tool_choice": _mostly(st.sampled_from(["auto", "none"])),
     "modalities": _mostly(st.lists(st.sampled_from(["text", "audio"]), max_size=2)),
     "audio": _mostly(st.none() | st.just({"voice": "alloy"})),
+    "echo": _mostly(st.none() | st.booleans()),
+    "include_reasoning": _mostly(st.none() | st.booleans()),
 }
 _model = _mostly(st.sampled_from([MODEL, MODEL, MODEL, "other"]))
 _prompt = _mostly(st.text(max_size=8) | st.lists(st.text(max_size=4), max_size=3)

@@ -7,11 +7,24 @@ back). A disaggregated request's prefill leg (vLLM NIXL proxy protocol) gets the
 body with ``max_tokens: 1`` (and ``max_completion_tokens: 1`` where sent), ``stream:
 false``, no ``stream_options`` / ``min_tokens`` / ``min_completion_tokens``, and
 ``kv_transfer_params`` asking for a remote decode.
+
+Two client options change what vLLM answers once IDs are asked, so the router asks the
+engine differently and tells the session (:func:`session_options`) what to take back out:
+
+* ``include_reasoning: false`` (chat): vLLM would null every ``token_ids``. The engine is
+  asked with reasoning included and the session strips the reasoning, IDs and logprobs
+  the client would not have had. Where the output is constrained (structured outputs, a
+  required or named tool), vLLM's ``include_reasoning: false`` also changes what is
+  generated (the grammar holds from the first token): the engine then gets the client's
+  request without IDs, and output is counted from usage.
+* completions ``echo: true``: with ``return_token_ids`` vLLM echoes ``""`` instead of the
+  prompt text, so IDs are asked only when the client asked them; otherwise output is
+  counted from usage.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 import orjson
 
@@ -25,6 +38,46 @@ REMOTE_DECODE: dict[str, Any] = {
     "remote_block_ids": None, "remote_host": None, "remote_port": None,
 }
 _PREFILL_DROPPED = ("stream_options", "min_tokens", "min_completion_tokens")
+# Request fields that constrain generation by a grammar (vLLM structured outputs).
+_CONSTRAINTS = ("structured_outputs", "guided_json", "guided_regex", "guided_choice",
+                "guided_grammar", "structural_tag")
+
+
+class SessionOptions(TypedDict):
+    """Keyword arguments of ``StreamSession`` that follow from what the engine was asked."""
+
+    require_token_ids: bool
+    strip_reasoning: bool
+    echo: bool
+
+
+def asks_token_ids(parsed: Parsed, token_ids: bool) -> bool:
+    """Whether the engine is asked for token IDs: it returns them (``token_ids``) and
+    asking does not change the answer the client would have had."""
+    if not token_ids:
+        return False
+    if parsed.echo and parsed.route == "completion":
+        return parsed.return_token_ids
+    return parsed.include_reasoning or not _constrained(parsed.body)
+
+
+def _constrained(body: dict[str, Any]) -> bool:
+    """The request constrains the output by a grammar (structured outputs, or a tool call
+    that must be made)."""
+    if any(body.get(k) is not None for k in _CONSTRAINTS):
+        return True
+    fmt = body.get("response_format")
+    if type(fmt) is dict and fmt.get("type") not in (None, "text"):
+        return True
+    choice = body.get("tool_choice")
+    return bool(body.get("tools")) and (choice == "required" or type(choice) is dict)
+
+
+def session_options(parsed: Parsed, *, token_ids: bool) -> SessionOptions:
+    """What the session must know of the engine request :func:`engine_body` built."""
+    ids = asks_token_ids(parsed, token_ids)
+    return {"require_token_ids": ids, "strip_reasoning": ids and not parsed.include_reasoning,
+            "echo": parsed.echo}
 
 
 def engine_body(parsed: Parsed, *, token_ids: bool,
@@ -39,12 +92,15 @@ def engine_body(parsed: Parsed, *, token_ids: bool,
         body["kv_transfer_params"] = kv_params
     body["stream"] = True
     drop_usage = False
-    if token_ids:
+    ids = asks_token_ids(parsed, token_ids)
+    if ids:
         body["return_token_ids"] = True
         body["stream_interval"] = 1
+        if not parsed.include_reasoning:
+            del body["include_reasoning"]  # reasoning and IDs come back; the session strips
     if not parsed.stream:
         body["stream_options"] = {"include_usage": True}
-    elif not token_ids and not parsed.include_usage:
+    elif not ids and not parsed.include_usage:
         options = dict(body.get("stream_options") or {})
         options["include_usage"] = True
         body["stream_options"] = options

@@ -32,6 +32,8 @@ class Parsed:
     prompt_token_ids: int  # number of token ids when the completion prompt is ids
     tools: int  # number of tool definitions
     messages: int = 0  # number of chat messages (0 for completions)
+    echo: bool = False  # the client sent echo: true (the engine echoes prompt text)
+    include_reasoning: bool = True  # chat: False when the client sent include_reasoning: false
 
 
 def parse_request(route: str, raw: bytes, *, model: str) -> Parsed:
@@ -40,9 +42,11 @@ def parse_request(route: str, raw: bytes, *, model: str) -> Parsed:
     Checks run in SPEC §4's order: JSON and shape (including every router-interpreted field's
     type) → model → sampling width → unsupported non-streaming options. Within the shape step
     the first offending field wins, in this order: `model`, `messages` / `prompt`, `stream`,
-    `stream_options`, `n`, `best_of`, `max_tokens`, `max_completion_tokens`,
-    `return_token_ids`, `logprobs`, `top_logprobs`, `tools`, `tool_choice`, `modalities`,
-    `audio`. A router-interpreted field sent as `null` counts as absent (as in vLLM).
+    `stream_options`, `n`, `best_of`, `echo`, `max_tokens`, `max_completion_tokens`,
+    `return_token_ids`, `include_reasoning` (chat), `logprobs`, `top_logprobs`, `tools`,
+    `tool_choice`, `modalities`, `audio`. A router-interpreted field sent as `null` counts as
+    absent (as in vLLM). Completions accept `max_tokens: 0` with `echo: true`, as vLLM does
+    (it answers the prompt alone and generates one token, so `Parsed.max_tokens` is 1).
     Duplicate keys: the last occurrence wins (orjson's behaviour, like Python's json).
     """
     chat = route == "chat"
@@ -85,12 +89,16 @@ def parse_request(route: str, raw: bytes, *, model: str) -> Parsed:
             _bad("stream_options", "Stream options can only be defined when `stream=True`.")
     n = _opt_int(body, "n", 1)
     best_of = _opt_int(body, "best_of", 1)
-    max_tokens = _opt_int(body, "max_tokens", 1)
+    echo = _opt_bool(body, "echo") is True
+    mt = body.get("max_tokens")
+    echo_only = not chat and echo and type(mt) is int and mt == 0  # vLLM: the prompt alone
+    max_tokens = 1 if echo_only else _opt_int(body, "max_tokens", 1)
     if chat:
         mct = _opt_int(body, "max_completion_tokens", 1)
         if mct is not None:
             max_tokens = mct
     return_ids = _opt_bool(body, "return_token_ids") is True
+    include_reasoning = not chat or _opt_bool(body, "include_reasoning") is not False
     if chat:
         logprobs = _opt_bool(body, "logprobs") is True
         _opt_int(body, "top_logprobs", -1)  # vLLM: >= 0, or -1 for the whole vocabulary
@@ -131,7 +139,8 @@ def parse_request(route: str, raw: bytes, *, model: str) -> Parsed:
         _check_unsupported(body, modalities, audio)
 
     return Parsed(route, body, req_model, stream, include_usage, continuous, return_ids,
-                  max_tokens, logprobs, chars, prompt_ids, n_tools, n_messages)
+                  max_tokens, logprobs, chars, prompt_ids, n_tools, n_messages, echo,
+                  include_reasoning)
 
 
 def _bad(param: str, message: str) -> NoReturn:
