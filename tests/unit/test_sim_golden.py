@@ -63,7 +63,9 @@ def load_sections() -> list[Section]:
 
 
 SECTIONS = load_sections()
-UNSUPPORTED = {"echo": "echo / prompt logprobs are not simulated", "n=2": "n=1 only"}
+UNSUPPORTED = {"n=2": "n=1 only"}
+# Lists as long as the prompt (the simulator's tokenizer is not the captured model's).
+PROMPT_LONG = ("top_logprobs", "prompt_logprobs")
 
 
 def mask(value: Any, key: str = "") -> Any:
@@ -71,12 +73,17 @@ def mask(value: Any, key: str = "") -> Any:
     if isinstance(value, dict):
         if key == "top_logprobs" or (value and all(isinstance(v, float) for v in value.values())):
             return f"<top:{len(value)}>"
+        if key == "prompt_logprobs":  # {token id: {logprob, rank, decoded_token}}
+            return f"<prompt:{len(value)}:{[list(v) for v in value.values()]}>"
         return {k: mask(v, k) for k, v in value.items()}
     if isinstance(value, list):
         if key in ("token_ids", "prompt_token_ids", "bytes", "text_offset", "token_logprobs",
                    "tokens"):
             return "<list>"
-        return [mask(v, key) for v in value]
+        masked = [mask(v, key) for v in value]
+        if key in PROMPT_LONG:  # each run of equal entries once: the shape, not the length
+            return [v for i, v in enumerate(masked) if i == 0 or v != masked[i - 1]]
+        return masked
     if key == "id" and isinstance(value, str):
         return value.rsplit("-", 1)[0] + "-<id>"
     if key in ("content", "text", "token", "system_fingerprint") and isinstance(value, str):

@@ -27,8 +27,10 @@ def _put_ids(choice: dict[str, Any], value: Any) -> None:
         choice["token_ids"] = value
 
 
-def chat_message(toks: list[sg.Tok], legacy_reasoning: bool) -> dict[str, Any]:
-    """Assemble the assistant message from the generated tokens."""
+def chat_message(toks: list[sg.Tok], legacy_reasoning: bool, role: str = "assistant",
+                 hide_reasoning: bool = False) -> dict[str, Any]:
+    """Assemble the response message from the generated tokens (reasoning hidden with
+    ``include_reasoning: false``)."""
     text: dict[str, list[str]] = {}
     calls: dict[int, dict[str, Any]] = {}
     function: dict[str, str] | None = None
@@ -64,27 +66,34 @@ def chat_message(toks: list[sg.Tok], legacy_reasoning: bool) -> dict[str, Any]:
     if content is None and not (calls or function or "refusal" in text):
         content = ""
     message: dict[str, Any] = {
-        "role": "assistant", "content": content, "refusal": joined("refusal"),
+        "role": role, "content": content, "refusal": joined("refusal"),
         "annotations": annotations, "audio": audio, "function_call": function,
     }
     if calls:
         message["tool_calls"] = [calls[i] for i in sorted(calls)]
     if legacy_reasoning:
-        message["reasoning_content"] = joined("reasoning_content")
+        message["reasoning_content"] = None if hide_reasoning else joined("reasoning_content")
     else:
-        message["reasoning"] = joined("reasoning")
+        message["reasoning"] = None if hide_reasoning else joined("reasoning")
     return message
 
 
 def chat(rid: str, created: int, model: str, fingerprint: str, *, toks: list[sg.Tok],
          finish: str, prompt_ids: list[int], return_ids: bool, top_logprobs: int | None,
-         legacy_reasoning: bool, id_fault: str | None,
-         kv_transfer_params: Any = None) -> bytes:
-    """``chat.completion`` body."""
-    lp = None if top_logprobs is None else {"content": logprobs.chat_value(toks, top_logprobs)}
-    choice: dict[str, Any] = {"index": 0, "message": chat_message(toks, legacy_reasoning),
+         legacy_reasoning: bool, id_fault: str | None, kv_transfer_params: Any = None,
+         role: str = "assistant", echo: str | None = None,
+         hide_reasoning: bool = False) -> bytes:
+    """``chat.completion`` body. ``echo``: the echoed text when echo was asked (vLLM then
+    prepends it to the content, even to none). ``hide_reasoning``: include_reasoning false
+    (no reasoning, and null logprobs and token IDs)."""
+    lp = None if top_logprobs is None or hide_reasoning else {
+        "content": logprobs.chat_value(toks, top_logprobs)}
+    message = chat_message(toks, legacy_reasoning, role, hide_reasoning)
+    if echo is not None:
+        message["content"] = echo + (message["content"] or "")
+    choice: dict[str, Any] = {"index": 0, "message": message,
                               "logprobs": lp, "finish_reason": finish, "stop_reason": None}
-    _put_ids(choice, _ids([t[1] for t in toks], return_ids, id_fault))
+    _put_ids(choice, _ids([t[1] for t in toks], return_ids and not hide_reasoning, id_fault))
     choice["routed_experts"] = None
     return orjson.dumps({
         "id": rid, "object": "chat.completion", "created": created, "model": model,
@@ -96,19 +105,33 @@ def chat(rid: str, created: int, model: str, fingerprint: str, *, toks: list[sg.
 
 
 def completion(rid: str, created: int, model: str, fingerprint: str, *,
-               outputs: list[tuple[list[sg.Tok], str, list[int]]], return_ids: bool,
-               k: int | None, id_fault: str | None, kv_transfer_params: Any = None) -> bytes:
-    """``text_completion`` body; ``outputs`` holds (tokens, finish, prompt ids) per choice."""
+               outputs: list[tuple[list[sg.Tok], str, list[int], str | None]],
+               return_ids: bool, k: int | None, id_fault: str | None,
+               kv_transfer_params: Any = None, echo_only: bool = False) -> bytes:
+    """``text_completion`` body; ``outputs`` holds (tokens, finish, prompt ids, echoed text
+    or None) per choice. ``echo_only``: echo with max_tokens 0 (the generated token is not
+    shown, but counted and, when asked, its ID returned)."""
     choices = []
     prompt_total = completion_total = 0
-    for index, (toks, finish, prompt_ids) in enumerate(outputs):
+    for index, (toks, finish, prompt_ids, echo) in enumerate(outputs):
         prompt_total += len(prompt_ids)
         completion_total += len(toks)
-        lp = None if k is None else logprobs.completion_parts(toks, k, 0)[0]
-        choice: dict[str, Any] = {"index": index, "text": "".join(t[3] for t in toks),
+        shown = [] if echo is not None and echo_only else toks
+        text = "".join(t[3] for t in shown)
+        lp = prompt_lp = None
+        if echo is None:
+            if k is not None:
+                lp = logprobs.completion_parts(toks, k, 0)[0]
+        else:
+            text = echo + text
+            if k is not None:  # vLLM: echo asks prompt logprobs as many as logprobs
+                scored = logprobs.prompt_toks(prompt_ids) + shown
+                lp = logprobs.completion_parts(scored, k, 0, len(prompt_ids))[0]
+                prompt_lp = logprobs.prompt_logprobs(prompt_ids, k)
+        choice: dict[str, Any] = {"index": index, "text": text,
                                   "logprobs": lp, "finish_reason": finish, "stop_reason": None}
         _put_ids(choice, _ids([t[1] for t in toks], return_ids, id_fault))
-        choice["prompt_logprobs"] = None
+        choice["prompt_logprobs"] = prompt_lp
         choice["prompt_token_ids"] = prompt_ids if return_ids else None
         choice["routed_experts"] = None
         choices.append(choice)

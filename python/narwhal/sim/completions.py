@@ -36,6 +36,7 @@ class _Ask:
     interval: int
     opts: StreamOptions
     ignore_eos: bool
+    echoes: list[str | None]  # per prompt: the echoed text (None: no echo asked)
 
 
 class _Watcher:
@@ -169,6 +170,36 @@ class Completions:
             raise errors.context_too_long(limit, prompt_len, max_tokens)
         return max_tokens if max_tokens is not None else limit - prompt_len
 
+    @staticmethod
+    def _chat_echo(body: dict[str, Any], role: str) -> str | None:
+        """What chat ``echo`` prepends: the last message's text when it has the response
+        role, else "" (None when echo was not asked)."""
+        if body.get("echo") is not True:
+            return None
+        last = body["messages"][-1]
+        if not isinstance(last, dict) or last.get("role") != role:
+            return ""
+        content = last.get("content")
+        if isinstance(content, list):  # text parts, joined as vLLM's string format does
+            return "\n".join(p["text"] for p in content
+                             if isinstance(p, dict) and isinstance(p.get("text"), str))
+        return content if isinstance(content, str) else ""
+
+    def _completion_echo(self, body: dict[str, Any], prompts: list[list[int]],
+                         return_ids: bool) -> list[str | None]:
+        """The prompt text each choice echoes: "" with return_token_ids (vLLM); the prompt
+        string, or its IDs decoded."""
+        if body.get("echo") is not True:
+            return [None] * len(prompts)
+        if return_ids:
+            return [""] * len(prompts)
+        prompt = body.get("prompt")
+        if isinstance(prompt, str):
+            return [prompt]
+        if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
+            return list(prompt)
+        return ["".join(tokenizer.OUTPUT_TEXTS[t] for t in ids) for ids in prompts]
+
     def _parse(self, body: dict[str, Any], found: Directives, chat: bool) -> _Ask:
         """Validate the body the way vLLM does; raise SimError with vLLM's status and body."""
         model = body.get("model")
@@ -184,24 +215,40 @@ class Completions:
         options = options if isinstance(options, dict) else {}
         prompts = [self._chat_prompt(body)] if chat else self._completion_prompts(body)
         max_tokens = _int_field(body, "max_completion_tokens", 1) if chat else None
+        # vLLM answers completions echo with max_tokens 0 by the prompt alone; the engine
+        # still generates one token (counted in usage, its ID returned when asked).
+        asked = body.get("max_tokens")
+        echo_only = not chat and body.get("echo") is True and type(asked) is int and asked == 0
         if max_tokens is None:
-            max_tokens = _int_field(body, "max_tokens", 1)
+            max_tokens = _int_field(body, "max_tokens", 0 if echo_only else 1)
         if max_tokens is None and not chat:
             max_tokens = COMPLETION_DEFAULT_MAX_TOKENS
         budgets = [self._limits(len(p), max_tokens) for p in prompts]
+        if echo_only:
+            budgets = [1] * len(prompts)
         k = self._logprobs(body, chat)
         interval = _int_field(body, "stream_interval", 1) or 1
         if found.has("multi_token"):
             interval = max(interval, MULTI_TOKEN_INTERVAL)
         fault = found.fault
         id_fault = fault.name if fault is not None and fault.name in ID_FAULTS else None
+        return_ids = body.get("return_token_ids") is True
+        role = "assistant"
+        if chat and body.get("add_generation_prompt", True) is False:
+            last = body["messages"][-1]
+            role = str(last.get("role")) if isinstance(last, dict) else "assistant"
         opts = StreamOptions(
-            return_ids=body.get("return_token_ids") is True,
+            return_ids=return_ids,
             include_usage=options.get("include_usage") is True,
             continuous=options.get("continuous_usage_stats") is True,
             logprobs=k, id_fault=id_fault,
-            id_fault_after=fault.arg if id_fault is not None and fault is not None else 0)
-        return _Ask(stream, prompts, budgets, interval, opts, body.get("ignore_eos") is True)
+            id_fault_after=fault.arg if id_fault is not None and fault is not None else 0,
+            hide_reasoning=chat and body.get("include_reasoning") is False,
+            role=role, echo_only=echo_only)
+        echoes = [self._chat_echo(body, role)] if chat else \
+            self._completion_echo(body, prompts, return_ids)
+        return _Ask(stream, prompts, budgets, interval, opts, body.get("ignore_eos") is True,
+                    echoes)
 
     def _prepare(self, request: Request, exchange: Exchange, record: Record,
                  body: dict[str, Any], found: Directives, chat: bool) -> Response:
@@ -238,21 +285,25 @@ class Completions:
                                    prompt_ids=c.prompt_ids, return_ids=opts.return_ids,
                                    top_logprobs=opts.logprobs,
                                    legacy_reasoning=found.has("reasoning_content"),
-                                   id_fault=opts.id_fault, kv_transfer_params=kv)
+                                   id_fault=opts.id_fault, kv_transfer_params=kv,
+                                   role=opts.role, echo=c.echo,
+                                   hide_reasoning=opts.hide_reasoning)
         else:
             if ask.stream:
                 frames = CompletionFrames(rid, created, model_json, fp, opts)
 
             def build(choices: list[ChoiceJob]) -> bytes:
-                outputs = [(c.tokens, c.finish, c.prompt_ids) for c in choices]
+                outputs = [(c.tokens, c.finish, c.prompt_ids, c.echo) for c in choices]
                 return bodies.completion(rid, created, model, fp, outputs=outputs,
                                          return_ids=opts.return_ids, k=opts.logprobs,
-                                         id_fault=opts.id_fault, kv_transfer_params=kv)
+                                         id_fault=opts.id_fault, kv_transfer_params=kv,
+                                         echo_only=opts.echo_only)
         response = Response(engine=self._engine, stats=self._stats, record=record,
                             exchange=exchange, stream=ask.stream, frames=frames,
                             fault=found.fault, build_body=build)
         for index, (prompt_ids, plan) in enumerate(plans):
-            job = ChoiceJob(response, index, prompt_ids, plan.tokens, plan.finish, ask.interval)
+            job = ChoiceJob(response, index, prompt_ids, plan.tokens, plan.finish, ask.interval,
+                            ask.echoes[index])
             job.kv_ready = remote_prefill
             response.add(job)
         return response

@@ -3,14 +3,24 @@
 Per request the constant parts (id, created, model, option-dependent tails) are built once;
 per event only the delta, the ID list and optional logprobs/usage are spliced in. Field
 order and null placement follow the 0.32 captures in ``reference/transcripts``.
+
+The simulated engine runs with reasoning and tool parsers on: with ``include_reasoning:
+false`` reasoning leaves the stream and every ``token_ids`` and ``logprobs`` is null. Echo:
+chat sends the last message's text in its own chunk after the role chunk; completions put
+the prompt text (``""`` with ``return_token_ids``) before the first generated text, with the
+prompt's IDs and logprobs.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import orjson
+
 from narwhal.sim import faults, logprobs, tokenizer
 from narwhal.sim import segments as sg
+
+_REASONING = frozenset({sg.REASONING.kind, sg.REASONING_CONTENT.kind})
 
 DONE = b"data: [DONE]\n\n"
 
@@ -25,17 +35,22 @@ class StreamOptions:
     logprobs: int | None = None  # chat: top_logprobs when logprobs is true; completions: k
     id_fault: str | None = None
     id_fault_after: int = 0
+    hide_reasoning: bool = False  # chat include_reasoning false: no reasoning, IDs, logprobs
+    role: str = "assistant"  # chat: the response role (the last message's without a prompt)
+    echo_only: bool = False  # completions echo with max_tokens 0: the prompt, not the token
 
 
 class Choice:
     """The emission state of one choice that frames read (kept by the stream module)."""
 
-    __slots__ = ("first_sent", "index", "prompt_ids", "prompt_tokens", "sent", "text_offset")
+    __slots__ = ("echo", "first_sent", "index", "prompt_ids", "prompt_tokens", "sent",
+                 "text_offset")
 
-    def __init__(self, index: int, prompt_ids: list[int]) -> None:
+    def __init__(self, index: int, prompt_ids: list[int], echo: str | None = None) -> None:
         self.index = index
         self.prompt_ids = prompt_ids
         self.prompt_tokens = len(prompt_ids)
+        self.echo = echo  # the echoed text (None: no echo asked)
         self.sent = 0  # tokens already rendered into events
         self.first_sent = False
         self.text_offset = 0
@@ -77,9 +92,13 @@ class ChatFrames(_Frames):
         super().__init__(rid, b"chat.completion.chunk", created, model_json, fingerprint, opts)
         self.head = self.top + b'[{"index":0,"delta":'
         self.empty = empty_delta
-        self.quiet = not opts.return_ids and opts.logprobs is None and opts.id_fault is None
+        self.hide = opts.hide_reasoning
+        # vLLM sends events for tokens without text only to carry IDs or logprobs.
+        self.quiet = self.hide or (
+            not opts.return_ids and opts.logprobs is None and opts.id_fault is None)
         # Fast path for the common event: one text token, no logprobs/usage/fault.
-        self.fast = opts.logprobs is None and not self.continuous and opts.id_fault is None
+        self.fast = (opts.logprobs is None and not self.continuous and opts.id_fault is None
+                     and not self.hide)
         self.fast_ids = b',"logprobs":null,"finish_reason":null,"token_ids":' + (
             b"[" if opts.return_ids else b"null")
         self.fast_end = b"]}]}\n\n" if opts.return_ids else b"}]}\n\n"
@@ -92,9 +111,19 @@ class ChatFrames(_Frames):
 
     def role(self, choice: Choice) -> bytes:
         ids = sg.render_ids(choice.prompt_ids) if self.opts.return_ids else b"null"
-        return (self.head + b'{"role":"assistant","content":""},"logprobs":null,'
-                b'"finish_reason":null}]' + self._cont(choice.prompt_tokens, 0)
+        return (self.head + b'{"role":' + orjson.dumps(self.opts.role) + b',"content":""},'
+                b'"logprobs":null,"finish_reason":null}]' + self._cont(choice.prompt_tokens, 0)
                 + b',"prompt_token_ids":' + ids + b',"prompt_text":null}\n\n')
+
+    def echo(self, choice: Choice, text: str) -> bytes:
+        """The echo chunk: the last message's text; no IDs, no prompt fields."""
+        return (self.head + b'{"content":' + orjson.dumps(text) + b'},"logprobs":null,'
+                b'"finish_reason":null}]' + self._cont(choice.prompt_tokens, 0) + b"}\n\n")
+
+    def ids_field(self, ids: list[int], produced: int) -> bytes:
+        if self.hide and self.opts.id_fault is None:
+            return b',"token_ids":null'
+        return super().ids_field(ids, produced)
 
     def events(self, choice: Choice, toks: list[sg.Tok], finish: str | None) -> list[bytes]:
         """Events for the tokens produced since the last call; ``finish`` marks the last."""
@@ -109,6 +138,8 @@ class ChatFrames(_Frames):
         if not choice.first_sent:
             choice.first_sent = True
             out.append(self.role(choice))
+            if choice.echo:
+                out.append(self.echo(choice, choice.echo))
         groups: list[tuple[sg.Seg | None, list[sg.Tok]]]
         if len(toks) == 1 and finish is None:
             only = toks[0][0]
@@ -120,11 +151,15 @@ class ChatFrames(_Frames):
         for n, (seg, run) in enumerate(groups):
             count += len(run)
             fin = finish if n == last else None
-            if seg is None and fin is None and self.quiet:
+            hidden = self.hide and seg is not None and seg.kind in _REASONING
+            if (seg is None or hidden) and fin is None and self.quiet:
                 continue  # vLLM sends ID-only events only when IDs or logprobs were asked
-            delta = sg.delta_of(seg, run, self.empty)
+            if hidden:
+                delta = sg.EMPTY_DELTA  # the parser hid the reasoning: an empty finish delta
+            else:  # tokens without text: vLLM's empty DeltaMessage, or the finish delta
+                delta = sg.delta_of(seg, run, self.empty if fin is not None else sg.EMPTY_DELTA)
             k = self.opts.logprobs
-            lp = b"null" if k is None else logprobs.chat(run, k)
+            lp = b"null" if k is None or self.hide else logprobs.chat(run, k)
             ids = self.ids_field([t[1] for t in run], count)
             cont = self._cont(choice.prompt_tokens, count)
             if fin is None:
@@ -148,16 +183,30 @@ class CompletionFrames(_Frames):
 
     def events(self, choice: Choice, toks: list[sg.Tok], finish: str | None) -> list[bytes]:
         count = choice.sent + len(toks)
-        text = toks[0][2] if len(toks) == 1 else b"".join(t[2] for t in toks)
         k = self.opts.logprobs
-        if k is None:
+        echo = choice.echo if not choice.first_sent else None
+        if echo is not None:
+            # The prompt's text (or "") before the first generated text; logprobs cover the
+            # prompt's tokens too (the first one unscored); vLLM sends the prompt IDs
+            # whether or not they were asked.
+            shown = [] if self.opts.echo_only else toks
+            text = orjson.dumps(echo)[1:-1] + b"".join(t[2] for t in shown)
             lp = b"null"
-        else:
-            lp, choice.text_offset = logprobs.completion(toks, k, choice.text_offset)
-        if not choice.first_sent and self.opts.return_ids:
+            if k is not None:
+                scored = logprobs.prompt_toks(choice.prompt_ids) + shown
+                lp = logprobs.completion(scored, k, 0, len(choice.prompt_ids))[0]
+            choice.text_offset = len(echo) + sum(len(t[3]) for t in shown)
             prompt_ids = sg.render_ids(choice.prompt_ids)
         else:
-            prompt_ids = b"null"
+            text = toks[0][2] if len(toks) == 1 else b"".join(t[2] for t in toks)
+            if k is None:
+                lp = b"null"
+            else:
+                lp, choice.text_offset = logprobs.completion(toks, k, choice.text_offset)
+            if not choice.first_sent and self.opts.return_ids:
+                prompt_ids = sg.render_ids(choice.prompt_ids)
+            else:
+                prompt_ids = b"null"
         choice.first_sent = True
         fin = b"null" if finish is None else b'"' + finish.encode() + b'"'
         cont = b""

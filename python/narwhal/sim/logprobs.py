@@ -54,27 +54,56 @@ def chat_value(toks: list[sg.Tok], k: int) -> list[object]:
     return [orjson.loads(_chat_entry(t[1], t[3], k)) for t in toks]
 
 
-def completion_parts(run: list[sg.Tok], k: int, offset: int) -> tuple[dict[str, list[object]], int]:
-    """Text-completion logprob arrays for ``run`` whose text starts at char ``offset``."""
+def prompt_toks(ids: list[int]) -> list[sg.Tok]:
+    """An echoed prompt's tokens, decoded as vLLM's logprobs show them (special tokens by
+    name, so a token's length need not be its share of the echoed text)."""
+    return [(sg.CONTENT, t, b"", tokenizer.TEXTS[t]) for t in ids]
+
+
+def completion_parts(run: list[sg.Tok], k: int, offset: int,
+                     prompt: int = 0) -> tuple[dict[str, list[object]], int]:
+    """Text-completion logprob arrays for ``run`` whose text starts at char ``offset``.
+
+    The first ``prompt`` tokens are an echoed prompt's: the first has no logprob, the others
+    list the ``k`` likeliest tokens besides their own (a prompt token is rarely the
+    likeliest); a generated token is the likeliest, so its own entry counts among the ``k``.
+    """
     offsets: list[object] = []
     values: list[object] = []
     tokens: list[object] = []
     tops: list[object] = []
-    for _seg, tid, _esc, text in run:
+    for i, (_seg, tid, _esc, text) in enumerate(run):
         offsets.append(offset)
         offset += len(text)
+        tokens.append(text)
+        if i == 0 and prompt:
+            values.append(None)
+            tops.append(None)
+            continue
         value = logprob(tid)
         values.append(value)
-        tokens.append(text)
         top: dict[str, float] = {text: value}
-        for _, alt, alt_value in alternatives(tid, k):
+        for _, alt, alt_value in alternatives(tid, k + 1 if i < prompt else k):
             top.setdefault(alt, alt_value)
         tops.append(top)
     return {"text_offset": offsets, "token_logprobs": values, "tokens": tokens,
             "top_logprobs": tops}, offset
 
 
-def completion(run: list[sg.Tok], k: int, offset: int) -> tuple[bytes, int]:
+def prompt_logprobs(ids: list[int], k: int) -> list[object]:
+    """A completion choice's ``prompt_logprobs`` (echo with logprobs asks for them): per
+    prompt token after the first, its own entry and the ``k`` likeliest, by token ID."""
+    out: list[object] = [None]
+    for tid in ids[1:]:
+        entry = {str(tid): {"logprob": logprob(tid), "rank": 2 + tid % 997,
+                            "decoded_token": tokenizer.TEXTS[tid]}}
+        for rank, (alt, text, value) in enumerate(alternatives(tid, k + 1), 1):
+            entry.setdefault(str(alt), {"logprob": value, "rank": rank, "decoded_token": text})
+        out.append(entry)
+    return out
+
+
+def completion(run: list[sg.Tok], k: int, offset: int, prompt: int = 0) -> tuple[bytes, int]:
     """The serialised ``logprobs`` object of one completion event and the next offset."""
-    parts, offset = completion_parts(run, k, offset)
+    parts, offset = completion_parts(run, k, offset, prompt)
     return orjson.dumps(parts), offset

@@ -29,8 +29,8 @@ class ChoiceJob(Choice):
                  "trigger_at")
 
     def __init__(self, resp: Response, index: int, prompt_ids: list[int], tokens: list[sg.Tok],
-                 finish: str, interval: int) -> None:
-        super().__init__(index, prompt_ids)
+                 finish: str, interval: int, echo: str | None = None) -> None:
+        super().__init__(index, prompt_ids, echo)
         self.resp = resp
         self.tokens = tokens
         self.total = len(tokens)
