@@ -17,6 +17,7 @@ import uvloop
 from narwhal._narwhal_fast import Board
 from narwhal.app import Narwhal
 from narwhal.config import Config
+from narwhal.prefork import Prefork
 from narwhal.server.http import HttpServer, ServerLimits
 
 log = logging.getLogger("narwhal")
@@ -95,91 +96,36 @@ def _serve_workers(config: Config, workers: int, extra: str) -> int:
     holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     holder.bind((config.listen.host, config.listen.port))
     port = holder.getsockname()[1]
-    read_end, write_end = os.pipe()
     wake_pipes = [os.pipe() for _ in range(workers)]
-    children: list[int] = []
-    for n in range(workers):
-        pid = os.fork()
-        if pid == 0:  # worker
-            os.close(read_end)
-            wake_fds = (wake_pipes[n][0], [w for i, (_, w) in enumerate(wake_pipes) if i != n])
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
-            code = 0
-            try:
-                shared = Board(engines=max(1, len(config.engines)), path=path, create=False)
 
-                def ready(_port: int) -> None:
-                    os.write(write_end, b"r")
+    def worker(n: int, ready: Callable[[], None]) -> None:
+        wake_fds = (wake_pipes[n][0], [w for i, (_, w) in enumerate(wake_pipes) if i != n])
+        shared = Board(engines=max(1, len(config.engines)), path=path, create=False)
+        uvloop.run(
+            run_worker(
+                config,
+                shared,
+                port=port,
+                reuse_port=True,
+                on_ready=lambda _port: ready(),
+                wake_fds=wake_fds,
+            )
+        )
 
-                uvloop.run(
-                    run_worker(
-                        config,
-                        shared,
-                        port=port,
-                        reuse_port=True,
-                        on_ready=ready,
-                        wake_fds=wake_fds,
-                    )
-                )
-            except BaseException:
-                log.exception("worker failed")
-                code = 1
-            os._exit(code)
-        children.append(pid)
-    os.close(write_end)
-    got = 0
-    while got < workers:
-        chunk = os.read(read_end, workers)
-        if not chunk:
-            break
-        got += len(chunk)
-    if got < workers:
-        _stop_children(children)
-        board.unlink()
+    def all_ready() -> None:
+        print(_ready_line(config, port, workers, extra), flush=True)
+
+    # A worker that died holding requests gives its share back (reap_dead).
+    parent = Prefork(workers, worker, grace_s=config.serving.shutdown_grace_s,
+                     on_ready=all_ready, on_lost=board.reap_dead)
+    status = parent.run()
+    if parent.start_failed:
         print("narwhal: a worker failed to start", file=sys.stderr)
-        return 1
-    print(_ready_line(config, port, workers, extra), flush=True)
-
-    stopping = False
-
-    def forward(signum: int, _frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-        for pid in children:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
-
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
-    status = 0
-    for pid in children:
-        while True:
-            try:
-                _, code = os.waitpid(pid, 0)
-                break
-            except ChildProcessError:
-                code = 0
-                break
-            except InterruptedError:
-                continue
-        if code != 0:
-            board.reap_dead()  # a worker that died holding requests gives its share back
-            if not stopping:
-                status = 1
     holder.close()
     board.unlink()
     with contextlib.suppress(OSError):
         os.unlink(f"{path}.admin.json")
     return status
-
-
-def _stop_children(children: list[int]) -> None:
-    for pid in children:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-    for pid in children:
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, 0)
 
 
 def start_demo_engines(
