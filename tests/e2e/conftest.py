@@ -1,4 +1,5 @@
-"""Shared real-process fixtures: two simulated engines and a router in front of them."""
+"""Shared real-process fixtures: two simulated engines and a router in front of them; a check
+that fails any test (or module) that leaves a router process running."""
 
 from __future__ import annotations
 
@@ -10,7 +11,29 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import procs
 from procs import Proc, router_config, start_router, start_sim
+
+
+def _check_routers(since: int) -> Iterator[None]:
+    """Fail when a router started after ``ROUTERS[since]`` is still running, or any of its
+    processes (workers included) outlived it; everything found is killed first."""
+    yield
+    problems = procs.routers_left_behind(procs.ROUTERS[since:])
+    if problems:
+        pytest.fail("router processes left behind:\n" + "\n".join(problems), pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def no_router_left_behind() -> Iterator[None]:
+    """Routers a test (or its function-scoped fixtures) started."""
+    yield from _check_routers(len(procs.ROUTERS))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def no_module_router_left_behind() -> Iterator[None]:
+    """Routers a module's fixtures started (checked after the module's last test)."""
+    yield from _check_routers(len(procs.ROUTERS))
 
 
 @pytest.fixture(scope="module")
