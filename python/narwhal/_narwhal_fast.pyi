@@ -123,7 +123,9 @@ class StreamSession:
     route "chat" | "completion" (ValueError otherwise). assemble: build one non-streaming
     body (finish()) instead of forwarding events. expose_token_ids: the client asked for
     return_token_ids (else token_ids/prompt_token_ids become null and ID-only chat events
-    are dropped). drop_usage: drop usage-only frames. require_token_ids: every event
+    are dropped). drop_usage: drop usage-only frames (a finish event waits for the dropped
+    frame's system_fingerprint, placed last in it as vLLM does without usage; it goes out
+    with the next output whatever that is). require_token_ids: every event
     carrying generated output must carry a valid token_ids list. prompt_tokens: for usage
     computed when the engine sends none. strip_reasoning (chat): the client sent
     include_reasoning false and the engine was asked with reasoning; as vLLM with its parsers

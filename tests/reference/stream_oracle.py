@@ -239,6 +239,7 @@ class StreamSession:
         self.engine_usage_completion_tokens: int | None = None
         self.events = self.ids_total = self.output_events = 0
         self.out = bytearray()
+        self.held = b""  # drop_usage: the last finish event, waiting for a fingerprint
         self.read_count = 0
 
     @property
@@ -263,12 +264,18 @@ class StreamSession:
         return bytes(self.out), self.read_count, self.state
 
     def fail(self, e: StreamError) -> None:
+        self.release_held()
         self.state, self.failure = FAILED, (e.code, e.message)
+
+    def release_held(self) -> None:
+        self.out += self.held
+        self.held = b""
 
     def on_event(self, payload: bytes, lines: int) -> bool:
         if payload == b"[DONE]":
             self.state = DONE
             if not self.assemble:
+                self.release_held()
                 self.out += DONE_BYTES
             return False
         try:
@@ -284,6 +291,7 @@ class StreamSession:
             if self.engine_error is None:
                 self.engine_error, self.engine_error_message = payload, error_message(ev)
             if not self.assemble:
+                self.release_held()
                 self.out += sse(payload)
             self.events += 1
             return
@@ -326,16 +334,32 @@ class StreamSession:
         return ids, carrying
 
     def expose_event(self, payload: bytes, ev: dict[str, Any]) -> None:
-        if self.drop_usage and is_usage_only(ev):
-            return
+        if self.drop_usage:
+            if is_usage_only(ev):
+                fp = ev.get("system_fingerprint")
+                if fp is not None and self.held:  # where vLLM puts it without usage
+                    end = self.held.rindex(b"}")
+                    stamp = b',"system_fingerprint":' + dumps(fp)
+                    self.held = self.held[:end] + stamp + self.held[end:]
+                self.release_held()
+                return
+            self.release_held()
+        written = self.exposed(payload, ev)
+        finishes = any(c.get("finish_reason") is not None for c in ev.get("choices") or [])
+        if self.drop_usage and ev.get("system_fingerprint") is None and finishes:
+            self.held = written
+        else:
+            self.out += written
+
+    def exposed(self, payload: bytes, ev: dict[str, Any]) -> bytes:
+        """The event as the client sees it (b"" when it would not have had it)."""
         if self.strip:
             if is_emptied_by_strip(ev):
-                return
+                return b""
         elif self.expose:
-            self.out += sse(payload)
-            return
+            return sse(payload)
         elif self.chat and is_id_only(ev):
-            return
+            return b""
         nulled = ["token_ids"]
         if self.strip:
             nulled.append("logprobs")
@@ -354,7 +378,7 @@ class StreamSession:
             for key in nulled:
                 if c.get(key) is not None:
                     c[key], rewrite = None, True
-        self.out += sse(dumps(ev) if rewrite else payload)
+        return sse(dumps(ev) if rewrite else payload)
 
     def finish(self) -> bytes:
         if self.asm is None:

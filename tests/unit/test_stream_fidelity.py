@@ -7,7 +7,19 @@ Each case runs on the Rust StreamSession and on its Python oracle.
 from __future__ import annotations
 
 import pytest
-from stream_helpers import DONE, IMPLS, assemble, cc, ch, chat, completion, role, session, sse
+from stream_helpers import (
+    DONE,
+    IMPLS,
+    assemble,
+    cc,
+    ch,
+    chat,
+    completion,
+    role,
+    session,
+    sse,
+    usage_frame,
+)
 
 pytestmark = pytest.mark.parametrize("impl", sorted(IMPLS))
 
@@ -155,3 +167,31 @@ def test_completion_echo_with_ids_is_verbatim(impl: str) -> None:
     body = assemble(impl, sse(*events), "completion", echo=True, expose_token_ids=True)
     assert body["choices"][0]["prompt_token_ids"] == [1, 2]
     assert (body["choices"][0]["text"], body["choices"][0]["token_ids"]) == ("", [40])
+
+
+# --- usage the client did not ask for --------------------------------------------------------
+
+FINISH = chat([ch({"content": ""}, finish_reason="stop", stop_reason=None, token_ids=None)])
+
+
+def test_dropped_usage_leaves_its_fingerprint_on_the_finish_event(impl: str) -> None:
+    # vLLM stamps system_fingerprint on the finish event when no usage frame follows.
+    text = chat([ch({"content": "a"}, token_ids=None)])
+    body = sse(role(), text, FINISH, usage_frame())  # the usage frame carries "fp-1"
+    out, _, _ = session(impl, drop_usage=True, require_token_ids=False).feed(body)
+    assert out == sse(role(), text, FINISH | {"system_fingerprint": "fp-1"})
+    out, _, _ = session(impl, drop_usage=False, require_token_ids=False).feed(body)
+    assert out == body
+
+
+def test_a_held_finish_event_goes_out_with_whatever_comes_next(impl: str) -> None:
+    s = session(impl, drop_usage=True, require_token_ids=False)
+    assert s.feed(sse(FINISH, done=False)) == (b"", 1, 0)  # waiting for the usage frame
+    assert s.feed(DONE) == (sse(FINISH), 0, 1)
+    s = session(impl, drop_usage=True, require_token_ids=False)
+    s.feed(sse(FINISH, done=False))
+    out, _, state = s.feed(b"data: {bad\n\n")
+    assert (out, state) == (sse(FINISH, done=False), 2)
+    stamped = FINISH | {"system_fingerprint": "own"}
+    s = session(impl, drop_usage=True, require_token_ids=False)
+    assert s.feed(sse(stamped, done=False))[0] == sse(stamped, done=False)

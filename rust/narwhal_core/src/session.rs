@@ -93,6 +93,10 @@ struct Core {
     strip: bool,
     /// A chat echo chunk may still come (no generated output yet).
     echo_open: bool,
+    /// With `drop_usage`: the last finish event, written out, held back for the
+    /// `system_fingerprint` of the usage frame being dropped (vLLM stamps it on the finish
+    /// event when the client asked no usage). Goes out with the next output.
+    held: Vec<u8>,
     assembler: Option<Assembler>,
 }
 
@@ -126,6 +130,7 @@ impl StreamSession {
                 rewrite,
                 strip,
                 echo_open: chat && opts.echo,
+                held: Vec::new(),
                 assembler,
             },
         }
@@ -207,8 +212,27 @@ impl Core {
     }
 
     fn fail(&mut self, e: StreamError) {
+        self.release_held();
         self.state = State::Failed;
         self.failure = Some(e);
+    }
+
+    fn release_held(&mut self) {
+        if !self.held.is_empty() {
+            self.out.append(&mut self.held);
+        }
+    }
+
+    /// The dropped usage frame's fingerprint goes where vLLM puts it without usage: last in
+    /// the finish event.
+    fn stamp_held(&mut self, fingerprint: &[u8]) {
+        if let Some(end) = self.held.iter().rposition(|&c| c == b'}') {
+            let mut tail = self.held.split_off(end);
+            self.held.extend_from_slice(b",\"system_fingerprint\":");
+            self.held.extend_from_slice(fingerprint);
+            self.held.append(&mut tail);
+        }
+        self.release_held();
     }
 
     /// One complete event; false stops framing (done or failed).
@@ -216,6 +240,7 @@ impl Core {
         if payload == b"[DONE]" {
             self.state = State::Done;
             if !self.opts.assemble {
+                self.release_held();
                 self.out.extend_from_slice(DONE);
             }
             return false;
@@ -237,6 +262,7 @@ impl Core {
                 self.engine_error_message = Some(error_message(&ev));
             }
             if !self.opts.assemble {
+                self.release_held();
                 write_event(&mut self.out, payload, &[], lines);
             }
             self.events += 1;
@@ -287,21 +313,40 @@ impl Core {
     }
 
     fn expose(&mut self, payload: &[u8], ev: &Event<'_>, lines: u32) {
-        if self.opts.drop_usage && ev.is_usage_only() {
-            return;
-        }
-        if self.strip {
-            if is_emptied_by_strip(ev) {
+        if self.opts.drop_usage {
+            if ev.is_usage_only() {
+                match ev.system_fingerprint {
+                    Some(fp) => self.stamp_held(fp.get().as_bytes()),
+                    None => self.release_held(),
+                }
                 return;
             }
-        } else if self.opts.expose_token_ids {
-            write_event(&mut self.out, payload, &[], lines);
-            return;
-        } else if self.opts.route == Route::Chat && is_id_only(ev) {
+            self.release_held();
+        }
+        if self.hidden(ev) {
             return;
         }
-        edits(payload, ev, self.rewrite, &mut self.edits);
-        write_event(&mut self.out, payload, &self.edits, lines);
+        let start = self.out.len();
+        if !self.strip && self.opts.expose_token_ids {
+            write_event(&mut self.out, payload, &[], lines);
+        } else {
+            edits(payload, ev, self.rewrite, &mut self.edits);
+            write_event(&mut self.out, payload, &self.edits, lines);
+        }
+        if self.opts.drop_usage && ev.system_fingerprint.is_none() && finishes(ev) {
+            self.held.extend_from_slice(&self.out[start..]);
+            self.out.truncate(start);
+        }
+    }
+
+    /// An event the client would not have had: left empty by stripping the reasoning, or
+    /// (IDs not asked) there only to carry IDs.
+    fn hidden(&self, ev: &Event<'_>) -> bool {
+        if self.strip {
+            is_emptied_by_strip(ev)
+        } else {
+            !self.opts.expose_token_ids && self.opts.route == Route::Chat && is_id_only(ev)
+        }
     }
 
     fn commit(&mut self, ids: u64, carrying: bool, usage: Option<UsageInfo>) {
@@ -317,6 +362,14 @@ impl Core {
             self.usage_completion_tokens = Some(n);
         }
     }
+}
+
+/// Some choice of the event has a finish reason.
+fn finishes(ev: &Event<'_>) -> bool {
+    ev.choices
+        .iter()
+        .flatten()
+        .any(|c| c.finish_reason.is_some())
 }
 
 #[cfg(test)]
@@ -605,5 +658,28 @@ mod tests {
         s.feed(&[sse(&[&role, &calls]), b"data: [DONE]\n\n".to_vec()].concat());
         let out: serde_json::Value = serde_json::from_slice(&s.finish().unwrap()).unwrap();
         assert_eq!(out["choices"][0]["message"]["content"], "");
+    }
+
+    #[test]
+    fn dropped_usage_leaves_its_fingerprint_on_the_held_finish_event() {
+        let finish =
+            r#"{"choices":[{"index":0,"delta":{},"finish_reason":"stop","token_ids":[2]}]}"#;
+        let usage = r#"{"choices":[],"usage":{"completion_tokens":3},"system_fingerprint":"fp"}"#;
+        let mut s = session(false, false, true);
+        let (out, _, _) = s.feed(&sse(&[TEXT, finish]));
+        assert!(!std::str::from_utf8(out).unwrap().contains("finish_reason")); // it waits
+        let (out, _, state) = s.feed(&[sse(&[usage]), b"data: [DONE]\n\n".to_vec()].concat());
+        assert_eq!(
+            std::str::from_utf8(out).unwrap(),
+            concat!(
+                "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\",",
+                "\"token_ids\":null}],\"system_fingerprint\":\"fp\"}\n\ndata: [DONE]\n\n"
+            )
+        );
+        assert_eq!(state, State::Done);
+        let mut s = session(false, false, true);
+        s.feed(&sse(&[finish]));
+        let (out, _, state) = s.feed(b"data: {x\n\n");
+        assert!(out.starts_with(b"data: {\"choices\"") && state == State::Failed);
     }
 }
