@@ -8,11 +8,12 @@ from typing import Any
 import orjson
 import pytest
 
-from narwhal.request.engine_body import asks_token_ids, engine_body, session_options
+from narwhal.request.engine_body import engine_body, engine_request
 from narwhal.request.parse import Parsed, parse_request
 
 MODEL = "m"
 MSG = [{"role": "user", "content": "hi"}]
+TOOLS = [{"type": "function", "function": {"name": "f"}}]
 
 
 def parsed(route: str = "chat", **fields: Any) -> Parsed:
@@ -21,30 +22,45 @@ def parsed(route: str = "chat", **fields: Any) -> Parsed:
     return parse_request(route, orjson.dumps(base | fields), model=MODEL)
 
 
-def sent(p: Parsed, token_ids: bool = True) -> dict[str, Any]:
-    body, _ = engine_body(p, token_ids=token_ids)
-    out: dict[str, Any] = orjson.loads(body)
-    return out
+def ask(p: Parsed, token_ids: bool = True) -> tuple[dict[str, Any], dict[str, bool]]:
+    """(the body the engine gets, the session options)."""
+    req = engine_request(p, token_ids=token_ids)
+    return orjson.loads(req.body), dict(req.session)
 
 
-def test_plain_requests_ask_ids_and_keep_todays_session() -> None:
-    p = parsed(stream=True)
-    assert sent(p)["return_token_ids"] is True
-    assert session_options(p, token_ids=True) == {
-        "require_token_ids": True, "strip_reasoning": False, "echo": False}
-    assert session_options(p, token_ids=False)["require_token_ids"] is False
+def options(drop_usage: bool = False, require_token_ids: bool = True,
+            strip_reasoning: bool = False, echo: bool = False) -> dict[str, bool]:
+    return {"drop_usage": drop_usage, "require_token_ids": require_token_ids,
+            "strip_reasoning": strip_reasoning, "echo": echo}
+
+
+def test_plain_requests_are_asked_as_before() -> None:
+    for p in (parsed(stream=True), parsed(), parsed("completion", stream=True)):
+        for ids in (True, False):
+            body, session = ask(p, ids)
+            legacy, drop_usage = engine_body(p, token_ids=ids)
+            assert orjson.loads(legacy) == body and drop_usage == session["drop_usage"]
+    _, session = ask(parsed(stream=True))
+    assert session == options()
+    assert ask(parsed(stream=True), False)[1] == options(drop_usage=True, require_token_ids=False)
+
+
+def test_legacy_engine_body_passes_include_reasoning_through() -> None:
+    # The relay's call until it takes engine_request: nothing changes under it meanwhile.
+    body, _ = engine_body(parsed(include_reasoning=False), token_ids=True)
+    assert orjson.loads(body)["include_reasoning"] is False
+    body, _ = engine_body(parsed("completion", echo=True), token_ids=True)
+    assert orjson.loads(body)["return_token_ids"] is True
 
 
 def test_include_reasoning_false_asks_with_reasoning_and_strips() -> None:
-    p = parsed(include_reasoning=False, logprobs=True, stream=True)
-    body = sent(p)
+    body, session = ask(parsed(include_reasoning=False, logprobs=True, stream=True))
     assert "include_reasoning" not in body and body["return_token_ids"] is True
-    assert body["logprobs"] is True  # the engine still validates them; the session nulls them
-    assert session_options(p, token_ids=True) == {
-        "require_token_ids": True, "strip_reasoning": True, "echo": False}
+    assert body["logprobs"] is True  # the engine still checks them; the session nulls them
+    assert session == options(strip_reasoning=True)
     # An engine without IDs answers the client's own request: nothing to strip.
-    assert sent(p, token_ids=False)["include_reasoning"] is False
-    assert session_options(p, token_ids=False)["strip_reasoning"] is False
+    body, session = ask(parsed(include_reasoning=False, stream=True), False)
+    assert body["include_reasoning"] is False and not session["strip_reasoning"]
 
 
 @pytest.mark.parametrize("constraint", [
@@ -52,49 +68,37 @@ def test_include_reasoning_false_asks_with_reasoning_and_strips() -> None:
     {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
     {"structured_outputs": {"regex": "a+"}},
     {"guided_json": {"type": "object"}},
-    {"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required"},
-    {"tools": [{"type": "function", "function": {"name": "f"}}],
-     "tool_choice": {"type": "function", "function": {"name": "f"}}},
+    {"tools": TOOLS, "tool_choice": "required"},
+    {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "f"}}},
 ])
-def test_include_reasoning_false_with_a_grammar_is_passed_through(
-    constraint: dict[str, Any],
-) -> None:
-    # vLLM then applies the grammar from the first token: asking with reasoning would
-    # change what is generated, so the engine gets the client's request and no IDs.
-    p = parsed(include_reasoning=False, stream=True, **constraint)
-    body, drop_usage = engine_body(p, token_ids=True)
-    decoded = orjson.loads(body)
-    assert decoded["include_reasoning"] is False and "return_token_ids" not in decoded
-    assert decoded["stream_options"] == {"include_usage": True} and drop_usage
-    assert session_options(p, token_ids=True) == {
-        "require_token_ids": False, "strip_reasoning": False, "echo": False}
+def test_include_reasoning_false_with_a_grammar_goes_through(constraint: dict[str, Any]) -> None:
+    # vLLM then holds the grammar from the first token: asking with reasoning would change
+    # what is generated, so the engine gets the client's request, without IDs.
+    body, session = ask(parsed(include_reasoning=False, stream=True, **constraint))
+    assert body["include_reasoning"] is False and "return_token_ids" not in body
+    assert body["stream_options"] == {"include_usage": True}
+    assert session == options(drop_usage=True, require_token_ids=False)
 
 
 @pytest.mark.parametrize("unconstrained", [
-    {"response_format": {"type": "text"}},
-    {"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "auto"},
+    {"response_format": {"type": "text"}}, {"tools": TOOLS, "tool_choice": "auto"},
 ])
 def test_unconstrained_requests_still_strip(unconstrained: dict[str, Any]) -> None:
-    p = parsed(include_reasoning=False, **unconstrained)
-    assert asks_token_ids(p, True) and session_options(p, token_ids=True)["strip_reasoning"]
+    _, session = ask(parsed(include_reasoning=False, **unconstrained))
+    assert session == options(strip_reasoning=True)
 
 
 def test_completion_echo_asks_ids_only_when_the_client_did() -> None:
     # With return_token_ids vLLM echoes "" instead of the prompt text.
-    p = parsed("completion", echo=True, max_tokens=0, stream=True)
-    body, drop_usage = engine_body(p, token_ids=True)
-    decoded = orjson.loads(body)
-    assert "return_token_ids" not in decoded and decoded["max_tokens"] == 0
-    assert drop_usage and decoded["stream_options"] == {"include_usage": True}
-    assert session_options(p, token_ids=True) == {
-        "require_token_ids": False, "strip_reasoning": False, "echo": True}
-    p = parsed("completion", echo=True, return_token_ids=True)
-    assert sent(p)["return_token_ids"] is True
-    assert session_options(p, token_ids=True)["require_token_ids"] is True
+    body, session = ask(parsed("completion", echo=True, max_tokens=0, stream=True))
+    assert "return_token_ids" not in body and body["max_tokens"] == 0
+    assert body["stream_options"] == {"include_usage": True}
+    assert session == options(drop_usage=True, require_token_ids=False, echo=True)
+    body, session = ask(parsed("completion", echo=True, return_token_ids=True))
+    assert body["return_token_ids"] is True and session == options(echo=True)
 
 
 def test_chat_echo_keeps_ids() -> None:
-    p = parsed(messages=[*MSG, {"role": "assistant", "content": "Once"}], echo=True)
-    assert sent(p)["return_token_ids"] is True
-    assert session_options(p, token_ids=True) == {
-        "require_token_ids": True, "strip_reasoning": False, "echo": True}
+    body, session = ask(parsed(messages=[*MSG, {"role": "assistant", "content": "Once"}],
+                               echo=True))
+    assert body["return_token_ids"] is True and session == options(echo=True)

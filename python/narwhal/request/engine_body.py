@@ -9,7 +9,7 @@ false``, no ``stream_options`` / ``min_tokens`` / ``min_completion_tokens``, and
 ``kv_transfer_params`` asking for a remote decode.
 
 Two client options change what vLLM answers once IDs are asked, so the router asks the
-engine differently and tells the session (:func:`session_options`) what to take back out:
+engine differently and tells the session (:func:`engine_request`) what to take back out:
 
 * ``include_reasoning: false`` (chat): vLLM would null every ``token_ids``. The engine is
   asked with reasoning included and the session strips the reasoning, IDs and logprobs
@@ -24,6 +24,7 @@ engine differently and tells the session (:func:`session_options`) what to take 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, TypedDict
 
 import orjson
@@ -44,11 +45,20 @@ _CONSTRAINTS = ("structured_outputs", "guided_json", "guided_regex", "guided_cho
 
 
 class SessionOptions(TypedDict):
-    """Keyword arguments of ``StreamSession`` that follow from what the engine was asked."""
+    """``StreamSession`` keywords that follow from what the engine was asked."""
 
+    drop_usage: bool
     require_token_ids: bool
     strip_reasoning: bool
     echo: bool
+
+
+@dataclass(frozen=True, slots=True)
+class EngineRequest:
+    """One attempt's request to the engine, and what its session must know of it."""
+
+    body: bytes
+    session: SessionOptions
 
 
 def asks_token_ids(parsed: Parsed, token_ids: bool) -> bool:
@@ -73,31 +83,41 @@ def _constrained(body: dict[str, Any]) -> bool:
     return bool(body.get("tools")) and (choice == "required" or type(choice) is dict)
 
 
-def session_options(parsed: Parsed, *, token_ids: bool) -> SessionOptions:
-    """What the session must know of the engine request :func:`engine_body` built."""
-    ids = asks_token_ids(parsed, token_ids)
-    return {"require_token_ids": ids, "strip_reasoning": ids and not parsed.include_reasoning,
-            "echo": parsed.echo}
-
-
-def engine_body(parsed: Parsed, *, token_ids: bool,
-                kv_params: dict[str, Any] | None = None) -> tuple[bytes, bool]:
-    """The body sent to the engine, and whether the usage frame must be dropped.
+def engine_request(parsed: Parsed, *, token_ids: bool,
+                   kv_params: dict[str, Any] | None = None) -> EngineRequest:
+    """What the engine is sent, and the session options that take back out what the client
+    did not ask for.
 
     ``token_ids``: the engine returns validated token IDs (``return_token_ids``).
     ``kv_params``: a disaggregated decode leg carries the prefill engine's reply verbatim.
     """
+    ids = asks_token_ids(parsed, token_ids)
+    strip = ids and not parsed.include_reasoning
+    body, drop_usage = _body(parsed, ids, strip, kv_params)
+    return EngineRequest(body, {"drop_usage": drop_usage, "require_token_ids": ids,
+                                "strip_reasoning": strip, "echo": parsed.echo})
+
+
+def engine_body(parsed: Parsed, *, token_ids: bool,
+                kv_params: dict[str, Any] | None = None) -> tuple[bytes, bool]:
+    """The body and whether to drop the usage frame, as before :func:`engine_request`: IDs
+    asked whenever the engine returns them, include_reasoning passed through. Kept only
+    until the relay calls engine_request (which its session options need); then remove."""
+    return _body(parsed, token_ids, False, kv_params)
+
+
+def _body(parsed: Parsed, ids: bool, strip: bool,
+          kv_params: dict[str, Any] | None) -> tuple[bytes, bool]:
     body: dict[str, Any] = dict(parsed.body)
     if kv_params is not None:
         body["kv_transfer_params"] = kv_params
     body["stream"] = True
     drop_usage = False
-    ids = asks_token_ids(parsed, token_ids)
     if ids:
         body["return_token_ids"] = True
         body["stream_interval"] = 1
-        if not parsed.include_reasoning:
-            del body["include_reasoning"]  # reasoning and IDs come back; the session strips
+    if strip:
+        del body["include_reasoning"]  # reasoning and IDs come back; the session strips
     if not parsed.stream:
         body["stream_options"] = {"include_usage": True}
     elif not ids and not parsed.include_usage:
