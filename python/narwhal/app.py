@@ -26,20 +26,40 @@ from narwhal.fleet.shared_admin import SharedAdmin
 from narwhal.fleet.state import RouterState
 from narwhal.flow.completion import CompletionFlow
 from narwhal.learning import Learning
+from narwhal.request.models import Card, Catalog
 from narwhal.scheduling.placement import Scheduler
 from narwhal.upstream.client import EngineClient
 
 
-def build_engines(config: Config) -> list[Engine]:
+def build_engines(config: Config, catalog: Catalog | None = None) -> list[Engine]:
     """One :class:`Engine` per configured engine, each with its own connection pool."""
     engines = []
     for index, engine_config in enumerate(config.engines):
         headers: list[tuple[bytes, bytes]] = []
         if engine_config.api_key:
             headers.append((b"authorization", f"Bearer {engine_config.api_key}".encode()))
+        model = catalog.first_model(index) if catalog is not None else config.default_model
         engines.append(Engine(index, engine_config, EngineClient(engine_config.url,
-                                                                 headers=headers)))
+                                                                 headers=headers), model))
     return engines
+
+
+def model_board_paths(config: Config, path: str) -> list[str]:
+    """The shared files of the per-model boards beside the main board's ``path`` (one per
+    configured model when the configuration uses ``models``, else none)."""
+    return [f"{path}.model{i}" for i in range(len(config.models))]
+
+
+def model_boards(config: Config, board: Board) -> list[Board] | None:
+    """Each configured model's board (per-model metrics), private or attached to the files
+    the parent made (:func:`model_board_paths`) beside the shared main board; None when the
+    configuration names one ``model``."""
+    if not config.models:
+        return None
+    if board.path is None:
+        return [Board(engines=1) for _ in config.models]
+    return [Board(engines=1, path=path, create=False)
+            for path in model_board_paths(config, board.path)]
 
 
 class Narwhal:
@@ -54,7 +74,9 @@ class Narwhal:
                  worker_wake: tuple[int, list[int]] | None = None) -> None:
         self.config = config
         self.board = board
-        self.engines = engines = build_engines(config)
+        self.catalog = catalog = Catalog(config)
+        self.model_boards = boards = model_boards(config, board)
+        self.engines = engines = build_engines(config, catalog)
         self.learning = learning = Learning(engines, config, shared_path=board.path)
         self.scheduler = scheduler = Scheduler(
             engines, board, learning, policy=config.scheduling.policy,
@@ -64,7 +86,8 @@ class Narwhal:
         self.queue = queue = AdmissionQueue(
             scheduler, config.admission.queue_limit, config.admission.max_wait_s
         )
-        self.health = HealthMonitor(engines, config.health, self._engine_changed)
+        self.health = HealthMonitor(engines, config.health, self._engine_changed,
+                                    self._engine_models)
         self.state = state = RouterState(config, engines, self.health)
         learning.on_profiled = self._engine_changed
         self.shared_admin: SharedAdmin | None = None
@@ -77,16 +100,18 @@ class Narwhal:
             queue.notify_peers = wake.notify
             self.wake = wake
         self.lifecycle = Lifecycle()
-        registry = build_registry(board, lambda: [e.name for e in engines],
-                                  extra=self._metric_families)
+        registry = build_registry(
+            board, lambda: [e.name for e in engines], extra=self._metric_families,
+            models=[] if boards is None else [
+                (m.name, b) for m, b in zip(config.models, boards, strict=True)])
         self.flow = CompletionFlow(
             config, board,
             sizer=sizer or make_sizer(config.admission.sizing, engines, config.tokenizer),
             predictive=PredictiveAdmission(config.admission, learning, scheduler),
             scheduler=scheduler, queue=queue, learning=learning,
-            state_refusal=state.refusal,
+            state_refusal=state.refusal, names=catalog.names, model_boards=boards,
         )
-        info = InfoRoutes(config.model, board, engines, learning, registry, self.lifecycle,
+        info = InfoRoutes(catalog, board, engines, learning, registry, self.lifecycle,
                           state_refusal=state.refusal, eligible=scheduler.eligible)
         keys = config.auth.api_keys
         self.router = Router(
@@ -121,6 +146,12 @@ class Narwhal:
         self.board.set_engine_up(engine.index, engine.serves())
         self.learning.engine_changed(engine)
         if engine.serves():
+            self.queue.kick()
+
+    def _engine_models(self, engine: Engine, cards: list[Card]) -> None:
+        """A probe read the engine's served names: adapters it loaded become routable to it,
+        and requests waiting for one may now be placed."""
+        if self.catalog.engine_reported(engine.index, cards):
             self.queue.kick()
 
     def _metric_families(self) -> Iterable[Metric]:

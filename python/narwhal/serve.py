@@ -15,7 +15,7 @@ from collections.abc import Callable
 import uvloop
 
 from narwhal._narwhal_fast import Board
-from narwhal.app import Narwhal
+from narwhal.app import Narwhal, model_board_paths
 from narwhal.config import Config
 from narwhal.prefork import Prefork
 from narwhal.server.http import HttpServer, ServerLimits
@@ -67,7 +67,8 @@ async def run_worker(
 
 def _ready_line(config: Config, port: int, workers: int, extra: str = "") -> str:
     return (
-        f"narwhal serving {config.model} on http://{config.listen.host}:{port} "
+        f"narwhal serving {', '.join(m.name for m in config.served_models)} on "
+        f"http://{config.listen.host}:{port} "
         f"({len(config.engines)} engines, {workers} worker{'s' if workers > 1 else ''}){extra}"
     )
 
@@ -91,6 +92,8 @@ def _serve_workers(config: Config, workers: int, extra: str) -> int:
     """Pre-fork N workers that bind one port with SO_REUSEPORT and share one board in /dev/shm."""
     path = f"/dev/shm/narwhal-{os.getpid()}.board"
     board = Board(engines=max(1, len(config.engines)), path=path, create=True)
+    # Per-model metrics: each model's board beside the main one (the workers attach).
+    models = [Board(engines=1, path=p, create=True) for p in model_board_paths(config, path)]
     # Hold the port (found here when 0 is asked) so every worker binds the same one.
     holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
@@ -115,14 +118,18 @@ def _serve_workers(config: Config, workers: int, extra: str) -> int:
     def all_ready() -> None:
         print(_ready_line(config, port, workers, extra), flush=True)
 
-    # A worker that died holding requests gives its share back (reap_dead).
+    def lost() -> None:  # a worker that died holding requests gives its share back
+        for each in (board, *models):
+            each.reap_dead()
+
     parent = Prefork(workers, worker, grace_s=config.serving.shutdown_grace_s,
-                     on_ready=all_ready, on_lost=board.reap_dead)
+                     on_ready=all_ready, on_lost=lost)
     status = parent.run()
     if parent.start_failed:
         print("narwhal: a worker failed to start", file=sys.stderr)
     holder.close()
-    board.unlink()
+    for each in (board, *models):
+        each.unlink()
     with contextlib.suppress(OSError):
         os.unlink(f"{path}.admin.json")
     return status

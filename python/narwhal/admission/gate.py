@@ -1,4 +1,5 @@
-"""The FIFO admission queue: requests wait here for a prefill slot."""
+"""The admission queue: requests wait here for a prefill slot, first in first out for each
+model (or adapter), so one model's full engines never hold up another's requests."""
 
 from __future__ import annotations
 
@@ -9,24 +10,34 @@ from collections.abc import Callable
 
 from narwhal._narwhal_fast import Ticket
 from narwhal.errors import Refusal
+from narwhal.learning.occupancy import Demand
 from narwhal.request.deadlines import Deadlines
+from narwhal.request.models import Served
 from narwhal.scheduling.placement import Placement, Scheduler
+
+Waiter = tuple[int, "asyncio.Future[Placement]", "Demand | None"]
+"""(arrival order, the future placed into, what the request asks)."""
 
 
 class AdmissionQueue:
-    """FIFO of requests waiting for placement; woken when a slot frees, never polled."""
+    """Requests waiting for placement, a FIFO per model; woken when a slot frees, never
+    polled. With several models waiting, the oldest head that can be placed goes first."""
 
     def __init__(self, scheduler: Scheduler, queue_limit: int, max_wait_s: float):
         self.scheduler = scheduler
         self.queue_limit = queue_limit
         self.max_wait_s = max_wait_s
-        self.waiters: deque[asyncio.Future[Placement]] = deque()
+        self.queues: dict[Served | None, deque[Waiter]] = {}  # by model; none empty
         self.notify_peers: Callable[[], None] | None = None  # other workers' queues
+        self._arrivals = 0
 
-    async def place(self, ticket: Ticket, deadlines: Deadlines) -> tuple[Placement, float]:
+    async def place(self, ticket: Ticket, deadlines: Deadlines,
+                    demand: Demand | None = None) -> tuple[Placement, float]:
         """A placement (holding a prefill slot) and the seconds spent waiting for it."""
-        if not self.waiters:
-            placement = self.scheduler.try_place()
+        key = None if demand is None else demand.served
+        waiters = self.queues.get(key)
+        if not waiters:
+            placement = self.scheduler.try_place(demand=demand)
             if placement is not None:
                 return placement, 0.0
         if not ticket.enqueue(self.queue_limit):
@@ -38,7 +49,11 @@ class AdmissionQueue:
         if deadlines.headers_by <= wait_until:
             wait_until, code = deadlines.headers_by, "deadline_expired"
         future: asyncio.Future[Placement] = loop.create_future()
-        self.waiters.append(future)
+        if waiters is None:
+            waiters = self.queues[key] = deque()
+        self._arrivals += 1
+        waiter = (self._arrivals, future, demand)
+        waiters.append(waiter)
         timer = loop.call_later(max(0.0, wait_until - start), _expire, future)
         try:
             placement = await future
@@ -56,7 +71,9 @@ class AdmissionQueue:
             placed = future.done() and not future.cancelled() and future.exception() is None
             if not placed:  # kick() pops what it places; remove() would format a repr to fail
                 with contextlib.suppress(ValueError):
-                    self.waiters.remove(future)
+                    waiters.remove(waiter)
+            if not waiters and self.queues.get(key) is waiters:
+                del self.queues[key]
         return placement, loop.time() - start
 
     def capacity_freed(self) -> None:
@@ -67,13 +84,41 @@ class AdmissionQueue:
 
     def kick(self) -> None:
         """Capacity may have freed: place waiting requests, oldest first."""
-        waiters = self.waiters
+        queues = self.queues
+        if len(queues) == 1:  # one model waiting: its FIFO until a request cannot be placed
+            for key, waiters in queues.items():
+                self._place_from(waiters)
+                if not waiters:
+                    del queues[key]
+                return
+        blocked: set[Served | None] = set()
+        while True:
+            oldest: deque[Waiter] | None = None
+            for key, waiters in queues.items():
+                while waiters and waiters[0][1].done():
+                    waiters.popleft()
+                if waiters and key not in blocked and (oldest is None
+                                                       or waiters[0][0] < oldest[0][0]):
+                    oldest = waiters
+            if oldest is None:
+                break
+            _, head, demand = oldest[0]
+            placement = self.scheduler.try_place(demand=demand)
+            if placement is None:
+                blocked.add(None if demand is None else demand.served)
+                continue
+            oldest.popleft()
+            head.set_result(placement)
+        for key in [key for key, waiters in queues.items() if not waiters]:
+            del queues[key]
+
+    def _place_from(self, waiters: deque[Waiter]) -> None:
         while waiters:
-            head = waiters[0]
+            _, head, demand = waiters[0]
             if head.done():
                 waiters.popleft()
                 continue
-            placement = self.scheduler.try_place()
+            placement = self.scheduler.try_place(demand=demand)
             if placement is None:
                 return
             waiters.popleft()

@@ -1,5 +1,9 @@
 """Predictive admission: refuse a request whose projected TTFT exceeds the budget (SPEC §4).
 
+The budget is the model's own ``models[].ttft_budget_s`` when set (an adapter takes its base
+model's), else ``admission.ttft_budget_s``; the projection counts the engines serving the
+model and the requests queued for it.
+
 Projected TTFT on an engine = the expected admission wait + this prompt's prefill there.
 The expected wait counts the prefill work already placed on the engine (in flight and
 queued on it, from the learned model) and the requests waiting in the router's admission
@@ -21,6 +25,7 @@ from narwhal.errors.table import retry_after_for_overrun
 from narwhal.fleet.engine import Engine
 from narwhal.learning import Learning
 from narwhal.learning.occupancy import Demand, water_level
+from narwhal.request.models import Served
 from narwhal.request.parse import Parsed
 from narwhal.scheduling.placement import Scheduler
 
@@ -59,14 +64,15 @@ class PredictiveAdmission:
         projection = self.project(demand)
         if projection is None:
             return  # nothing eligible: placement answers backend_unavailable
-        budget = self.budget_s
+        served = demand.served
+        budget = self.budget_s if served is None or served.budget_s is None else served.budget_s
         if projection.alone_s > budget:
             raise Refusal(
                 "prompt_exceeds_ttft_budget",
                 f"The prompt alone ({demand.prompt_tokens} tokens) needs about "
                 f"{projection.alone_s:.2f} s of prefill, over the time-to-first-token budget "
                 f"of {budget:g} s, so retrying cannot help: shorten the prompt or raise the "
-                f"target (admission.ttft_budget_s).",
+                f"target ({_budget_key(served)}).",
             )
         total = projection.ttft_s
         if total > budget:
@@ -80,12 +86,12 @@ class PredictiveAdmission:
 
     def project(self, demand: Demand, now: float | None = None) -> Projection | None:
         """The lowest projected TTFT over eligible engines, or None when none is eligible."""
-        engines = self.scheduler.eligible()
+        engines = self.scheduler.eligible(demand.served)
         if not engines:
             return None
         learning = self.learning
         now = time.monotonic() if now is None else now
-        pending = learning.pending
+        pending = learning.pending_for(demand.served)
         queued = pending.count
         mean_queued = pending.tokens / queued if queued > 0 else 0.0
         waits = []
@@ -103,3 +109,9 @@ class PredictiveAdmission:
             if best is None or candidate.ttft_s < best.ttft_s:
                 best = candidate
         return best
+
+
+def _budget_key(served: Served | None) -> str:
+    if served is None or served.base.budget_s is None:
+        return "admission.ttft_budget_s"
+    return f"the ttft_budget_s of model {served.base.name}"

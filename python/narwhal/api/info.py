@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -14,6 +13,7 @@ from narwhal.api.metrics import CONTENT_TYPE, render
 from narwhal.errors.table import READY_REASONS
 from narwhal.fleet.engine import Engine
 from narwhal.learning import Learning
+from narwhal.request.models import Catalog
 from narwhal.server.http import Responder
 
 INFO_ROUTES = frozenset({"/health", "/ready", "/metrics", "/engines", "/v1/models"})
@@ -34,7 +34,7 @@ class InfoRoutes:
 
     def __init__(
         self,
-        model: str,
+        catalog: Catalog,
         board: Board,
         engines: Sequence[Engine],
         learning: Learning,
@@ -51,9 +51,9 @@ class InfoRoutes:
         self.lifecycle = lifecycle
         self.state_refusal = state_refusal
         self.eligible = eligible
-        card = {"id": model, "object": "model", "created": int(time.time()),
-                "owned_by": "narwhal", "root": model, "parent": None}
-        self._models = orjson.dumps({"object": "list", "data": [card]})
+        self.catalog = catalog
+        self._models = b""
+        self._models_version = -1
 
     def ready_reason(self) -> str | None:
         """Why the router is not ready (SPEC §3), or None."""
@@ -82,14 +82,28 @@ class InfoRoutes:
         elif path == "/engines":
             responder.send(200, orjson.dumps({"engines": self.describe_engines()}))
         else:
-            responder.send(200, self._models)
+            responder.send(200, self.models())
+
+    def models(self) -> bytes:
+        """``GET /v1/models``: every servable name (models, aliases, adapters with their
+        ``parent``), rebuilt only when the catalog changed."""
+        catalog = self.catalog
+        if self._models_version != catalog.version:
+            self._models = orjson.dumps({"object": "list", "data": catalog.cards()})
+            self._models_version = catalog.version
+        return self._models
 
     def describe_engines(self) -> list[dict[str, Any]]:
-        board = self.board
+        board, catalog, learning = self.board, self.catalog, self.learning
         out = []
         for engine in self.engines:
             prefill, decode = board.inflight(engine.index)
-            described = engine.describe({"prefill": prefill, "decode": decode})
-            described["learned"] = self.learning.describe(engine)
+            described = engine.describe({"prefill": prefill, "decode": decode},
+                                        catalog.names_on(engine.index))
+            learned = described["learned"] = learning.describe(engine)
+            if learned is not None:
+                learned["output_length_by_model"] = {
+                    served.name: learning.output.describe(learning.lengths(served))
+                    for served in catalog.served_on(engine.index)}
             out.append(described)
         return out

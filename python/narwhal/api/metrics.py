@@ -23,6 +23,7 @@ CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 """The `Content-Type` of `render()`'s output (the text format `generate_latest` writes)."""
 
 REASON = "reason"
+MODEL = "model"
 ENGINE = "engine"
 PHASE = "phase"
 PHASES = ("prefill", "decode")
@@ -93,11 +94,23 @@ HISTOGRAMS = (
 )
 
 
+MODEL_COUNTERS = frozenset({"offered", "unsized_offered", "offered_prompt_tokens", "cancelled",
+                            "completed"})
+MODEL_GAUGES = frozenset({"retained"})
+"""Board families that also carry a sample per model (``model`` label) when the
+configuration uses ``models``: request outcomes, what the invariant needs, the latencies."""
+
+ModelSnapshots = Sequence[tuple[str, dict[str, Any]]]
+"""(model name, its board's snapshot), per configured model."""
+
+
 class BoardCollector(Collector):
     """Turns one `board.snapshot()` per scrape into metric families (no counting here).
 
     `engine_names()` gives the name of each engine index; `extra()` yields more families
-    (engine token accounting, learned drift, ...) owned by other parts.
+    (engine token accounting, learned drift, ...) owned by other parts. `models`: each
+    configured model's name and board (per-model metrics): the outcome and latency families
+    then carry, beside the unlabelled totals, one sample per model labelled `model`.
     """
 
     def __init__(
@@ -105,37 +118,46 @@ class BoardCollector(Collector):
         board: Board,
         engine_names: Callable[[], Sequence[str]],
         extra: Callable[[], Iterable[Metric]] | None = None,
+        models: Sequence[tuple[str, Board]] = (),
     ) -> None:
         self._board = board
         self._engine_names = engine_names
         self._extra = extra
+        self._models = models
 
     def describe(self) -> Iterator[Metric]:
         """The board's families without samples (lets the registry reject duplicates)."""
         yield from _families({}, ())
 
     def collect(self) -> Iterator[Metric]:
-        yield from _families(self._board.snapshot(), self._engine_names())
+        models = [(name, board.snapshot()) for name, board in self._models]
+        yield from _families(self._board.snapshot(), self._engine_names(), models)
         if self._extra is not None:
             yield from self._extra()
 
 
-def _families(snapshot: dict[str, Any], engine_names: Sequence[str]) -> Iterator[Metric]:
+def _families(snapshot: dict[str, Any], engine_names: Sequence[str],
+              models: ModelSnapshots = ()) -> Iterator[Metric]:
     """Every board family; with an empty snapshot, just the declarations."""
     for family in COUNTERS:
-        counter = CounterMetricFamily(family.name, family.help)
-        if family.key in snapshot:
-            counter.add_metric([], snapshot[family.key])
+        labelled = models if family.key in MODEL_COUNTERS else ()
+        counter = CounterMetricFamily(family.name, family.help, labels=[MODEL])
+        for labels, snap in ([], snapshot), *(([m], snap) for m, snap in labelled):
+            if family.key in snap:
+                counter.add_metric(labels, snap[family.key])
         yield counter
     for family in REASON_COUNTERS:
-        by_reason = CounterMetricFamily(family.name, family.help, labels=[REASON])
-        for reason, count in snapshot.get(family.key, {}).items():
-            by_reason.add_metric([reason], count)
+        by_reason = CounterMetricFamily(family.name, family.help, labels=[REASON, MODEL])
+        for model, snap in ("", snapshot), *models:
+            for reason, count in snap.get(family.key, {}).items():
+                by_reason.add_metric([reason, model] if model else [reason], count)
         yield by_reason
     for family in GAUGES:
-        gauge = GaugeMetricFamily(family.name, family.help)
-        if family.key in snapshot:
-            gauge.add_metric([], snapshot[family.key])
+        labelled = models if family.key in MODEL_GAUGES else ()
+        gauge = GaugeMetricFamily(family.name, family.help, labels=[MODEL])
+        for labels, snap in ([], snapshot), *(([m], snap) for m, snap in labelled):
+            if family.key in snap:
+                gauge.add_metric(labels, snap[family.key])
         yield gauge
     inflight = GaugeMetricFamily(ENGINE_INFLIGHT.name, ENGINE_INFLIGHT.help, labels=[ENGINE, PHASE])
     up = GaugeMetricFamily(ENGINE_UP.name, ENGINE_UP.help, labels=[ENGINE])
@@ -145,26 +167,25 @@ def _families(snapshot: dict[str, Any], engine_names: Sequence[str]) -> Iterator
         up.add_metric([name], 1 if cell["up"] else 0)
     yield inflight
     yield up
-    histograms = snapshot.get("histograms", {})
     for family in HISTOGRAMS:
-        histogram = histograms.get(family.key)
-        if histogram is None:
-            yield HistogramMetricFamily(family.name, family.help)
-            continue
-        buckets = [(_le(le), count) for le, count in histogram["buckets"]]
-        yield HistogramMetricFamily(
-            family.name, family.help, buckets=buckets, sum_value=histogram["sum"]
-        )
+        out = HistogramMetricFamily(family.name, family.help, labels=[MODEL])
+        for labels, snap in ([], snapshot), *(([m], snap) for m, snap in models):
+            histogram = snap.get("histograms", {}).get(family.key)
+            if histogram is not None:
+                buckets = [(_le(le), count) for le, count in histogram["buckets"]]
+                out.add_metric(labels, buckets, histogram["sum"])
+        yield out
 
 
 def build_registry(
     board: Board,
     engine_names: Callable[[], Sequence[str]],
     extra: Callable[[], Iterable[Metric]] | None = None,
+    models: Sequence[tuple[str, Board]] = (),
 ) -> CollectorRegistry:
     """A registry holding only the board's collector (no per-process default metrics)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(BoardCollector(board, engine_names, extra))
+    registry.register(BoardCollector(board, engine_names, extra, models))
     return registry
 
 

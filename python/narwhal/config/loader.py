@@ -60,6 +60,43 @@ def _check_config(config: Config, path: str) -> Problems:
     for have, need in (("prefill", "decode"), ("decode", "prefill")):
         if have in roles and need not in roles:
             problems.append(("engines", f"has role {have!r} engines but no role {need!r} engine"))
+    return problems + _check_models(config)
+
+
+def _check_models(config: Config) -> Problems:
+    """``model`` or ``models``; names and aliases unique; each engine's ``models`` named; each
+    model served by an engine that runs it whole, or by a prefill and decode pair."""
+    if config.model is not None and config.models:
+        return [("models", f"is set with model ({config.model!r}): give one or the other, "
+                           f"got {len(config.models)} entries")]
+    problems: Problems = []
+    where: dict[str, str] = {}
+    for i, model in enumerate(config.served_models):
+        path = f"models[{i}]" if config.models else "model"
+        for key, name in ((f"{path}.name" if config.models else path, model.name),
+                          *((f"{path}.aliases[{j}]", a) for j, a in enumerate(model.aliases))):
+            first = where.setdefault(name, key)
+            if first != key:
+                problems.append((key, f"duplicates {first}, got {name!r}"))
+    names = {m.name for m in config.served_models}
+    for i, engine in enumerate(config.engines):
+        for j, name in enumerate(engine.models or ()):
+            if name not in names:
+                alias = where.get(name)
+                hint = f" (an alias at {alias}: name the model)" if alias else ""
+                text = f"names no configured model{hint}, got {name!r}"
+                problems.append((f"engines[{i}].models[{j}]", text))
+    if problems:
+        return problems
+    for i, model in enumerate(config.served_models):
+        roles = {e.role for e in config.engines if e.models is None or model.name in e.models}
+        if "mixed" in roles or {"prefill", "decode"} <= roles:
+            continue
+        key = f"models[{i}].name" if config.models else "model"
+        text = ("no engine serves it (engines[].models)" if not roles else
+                f"its engines have only role {' and '.join(sorted(roles))!s}: none runs it "
+                "whole (mixed) and no prefill and decode pair does")
+        problems.append((key, f"{text}, got {model.name!r}"))
     return problems
 
 
@@ -138,17 +175,31 @@ def _scalar(rule: Rule, value: object, path: str, problems: Problems) -> Any:
 def _value(rule: Rule, value: object, path: str, problems: Problems) -> Any:
     if value is None and rule.optional:
         return None
+    if rule.many:
+        return _list(rule, value, path, problems)
     if not is_dataclass(rule.kind):
         return _scalar(rule, value, path, problems)
-    if not rule.many:
-        return _section(rule.kind, value, path, problems)
-    if not isinstance(value, list) or not value:
-        problems.append((path, f"must be a non-empty list, got {_show(value)}"))
+    return _section(rule.kind, value, path, problems)
+
+
+def _list(rule: Rule, value: object, path: str, problems: Problems) -> Any:
+    """A list of sections or scalars (scalars: no two alike)."""
+    if not isinstance(value, list) or len(value) < rule.min_items:
+        kind = "a non-empty list" if rule.min_items else "a list"
+        problems.append((path, f"must be {kind}, got {_show(value)}"))
         return _BAD
     if rule.max_items is not None and len(value) > rule.max_items:
         problems.append((path, f"must have at most {rule.max_items} entries, got {len(value)}"))
         return _BAD
-    items = [_section(rule.kind, item, f"{path}[{i}]", problems) for i, item in enumerate(value)]
+    if is_dataclass(rule.kind):
+        items = [_section(rule.kind, item, f"{path}[{i}]", problems)
+                 for i, item in enumerate(value)]
+    else:
+        items = [_scalar(rule, item, f"{path}[{i}]", problems) for i, item in enumerate(value)]
+        for i, item in enumerate(items):
+            if item is not _BAD and items.index(item) != i:
+                problems.append((f"{path}[{i}]", f"is listed twice, got {_show(item)}"))
+                items[i] = _BAD
     return _BAD if any(item is _BAD for item in items) else tuple(items)
 
 
@@ -170,7 +221,7 @@ def _section(cls: type[_T], raw: object, path: str, problems: Problems) -> _T:
     for name, rule in rules.items():
         if name in raw:
             kwargs[name] = _value(rule, raw[name], _join(path, name), problems)
-        elif rule.required:
+        elif rule.required and (rule.alternative is None or rule.alternative not in raw):
             problems.append((_join(path, name), "is required"))
     if len(problems) > before:
         return _BAD  # type: ignore[no-any-return]

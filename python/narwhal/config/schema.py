@@ -45,8 +45,10 @@ class Rule:
     le: float | None = None
     choices: tuple[str, ...] = ()
     check: Callable[[str], str | None] | None = None  # returns a problem, or None
-    many: bool = False  # a non-empty list of `kind` sections
+    many: bool = False  # a list of `kind` (sections or scalars)
+    min_items: int = 1
     max_items: int | None = None
+    alternative: str | None = None  # a required key may be left out when this key is given
 
 
 def rule(kind: type, **kw: Any) -> dict[str, Rule]:
@@ -64,6 +66,13 @@ def engine_name(value: str) -> str | None:
     if _ENGINE_NAME.fullmatch(value):
         return None
     return "must be 1-64 letters, digits, '.', '_' or '-' (it appears in URLs and metrics)"
+
+
+def model_name(value: str) -> str | None:
+    """A model name clients may send: no surrounding or control whitespace."""
+    if value != value.strip() or any(ord(c) < 32 for c in value):
+        return "must not start or end with spaces or hold control characters"
+    return None
 
 
 def wave_name(value: str) -> str | None:

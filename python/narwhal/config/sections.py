@@ -13,6 +13,7 @@ from narwhal.config.schema import (
     engine_url,
     env_name,
     lease_url,
+    model_name,
     rule,
     wave_name,
 )
@@ -80,6 +81,17 @@ class Scheduling:
 
 
 @dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """One served base model: its name, other names clients may send, its TTFT budget."""
+
+    name: str = field(metadata=rule(str, required=True, check=model_name))
+    aliases: tuple[str, ...] = field(
+        default=(), metadata=rule(str, many=True, min_items=0, check=model_name)
+    )
+    ttft_budget_s: float | None = field(default=None, metadata=rule(float, optional=True, gt=0))
+
+
+@dataclass(frozen=True, slots=True)
 class EngineConfig:
     """One inference engine behind the router."""
 
@@ -93,6 +105,9 @@ class EngineConfig:
     api_key_env: str | None = field(default=None, metadata=rule(str, optional=True, check=env_name))
     weight: float = field(default=1.0, metadata=rule(float, gt=0))
     header_timeout_s: float = field(default=5.0, metadata=rule(float, gt=0))
+    models: tuple[str, ...] | None = field(
+        default=None, metadata=rule(str, optional=True, many=True)
+    )
 
     @property
     def host(self) -> str:
@@ -176,7 +191,10 @@ class Auth:
 class Config:
     """The whole configuration."""
 
-    model: str = field(metadata=rule(str, required=True))
+    model: str | None = field(
+        default=None, metadata=rule(str, required=True, alternative="models", check=model_name)
+    )
+    models: tuple[ModelConfig, ...] = field(default=(), metadata=rule(ModelConfig, many=True))
     listen: Listen = field(default_factory=Listen, metadata=rule(Listen))
     serving: Serving = field(default_factory=Serving, metadata=rule(Serving))
     admission: Admission = field(default_factory=Admission, metadata=rule(Admission))
@@ -190,6 +208,18 @@ class Config:
     auth: Auth = field(default_factory=Auth, metadata=rule(Auth))
     tokenizer: str | None = field(default=None, metadata=rule(str, optional=True))
     state_file: str | None = field(default=None, metadata=rule(str, optional=True))
+
+    @property
+    def served_models(self) -> tuple[ModelConfig, ...]:
+        """The configured base models: ``models``, or the one ``model`` on every engine."""
+        if self.models:
+            return self.models
+        return (ModelConfig(self.model or ""),)
+
+    @property
+    def default_model(self) -> str:
+        """The first configured model's name (the one ``model``, or ``models[0].name``)."""
+        return self.served_models[0].name
 
     def missing_secrets(self) -> tuple[str, ...]:
         """Engine key variables the file names but the environment leaves unset or empty."""

@@ -36,12 +36,15 @@ class Engine:
         "index",
         "load",
         "maintenance",
+        "model",
     )
 
-    def __init__(self, index: int, config: EngineConfig, client: EngineClient):
+    def __init__(self, index: int, config: EngineConfig, client: EngineClient,
+                 model: str = ""):
         self.index = index
         self.config = config
         self.client = client
+        self.model = model  # the model the router's own requests name (profiling probes)
         self.health = Health.UNKNOWN
         self.draining = False
         self.maintenance = False
@@ -83,11 +86,14 @@ class Engine:
         the scheduler)."""
         return self.passes() and self.breaker.allows()
 
-    def describe(self, inflight: dict[str, int]) -> dict[str, Any]:
+    def describe(self, inflight: dict[str, int], models: list[str] | None = None
+                 ) -> dict[str, Any]:
+        """The engine on ``/engines``; ``models``: the names it can serve now."""
         cfg = self.config
         return {
             "name": cfg.name,
             "url": cfg.url,
+            "models": models,
             "dialect": cfg.dialect,
             "role": cfg.role,
             "wave": cfg.wave,

@@ -1,4 +1,5 @@
-"""Health probing: each engine's /health (and load from /metrics) on a fixed interval."""
+"""Health probing: each engine's /health (and load from /metrics, served names from
+/v1/models) on a fixed interval."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+import orjson
+
 from narwhal.fleet.engine import Engine, Health
 from narwhal.fleet.outlier import Fleet
+from narwhal.request.models import Card, parse_cards
 from narwhal.upstream.client import UpstreamError
 
 if TYPE_CHECKING:
@@ -48,10 +52,12 @@ class HealthMonitor:
         engines: Sequence[Engine],
         config: HealthConfig,
         on_change: Callable[[Engine], None],
+        on_models: Callable[[Engine, list[Card]], None] | None = None,
     ):
         self.engines = engines
         self.config = config
         self.on_change = on_change
+        self.on_models = on_models  # what a passing engine's GET /v1/models lists
         self.last_established: float | None = None  # loop time a probe last gave a known state
         self.since: float | None = None  # loop time monitoring began (staleness before any state)
         self.rounds = 0
@@ -118,10 +124,22 @@ class HealthMonitor:
             raise
         except Exception:  # a probe must never kill the monitor
             log.exception("probe of %s failed", engine.name)
-        if ok and engine.token_ids:
-            with contextlib.suppress(Exception):
-                await self._scrape_load(engine)
+        if ok:
+            reads = [self._read_models(engine)] if self.on_models is not None else []
+            if engine.token_ids:
+                reads.append(self._scrape_load(engine))
+            if reads:
+                await asyncio.gather(*reads, return_exceptions=True)
         self._record(engine, ok)
+
+    async def _read_models(self, engine: Engine) -> None:
+        """The engine's served names (adapters come and go with them)."""
+        status, _, body = await engine.client.fetch(
+            "GET", "/v1/models", timeout_s=self.config.timeout_s
+        )
+        cards = parse_cards(orjson.loads(body)) if status == 200 else None
+        if cards is not None and self.on_models is not None:
+            self.on_models(engine, cards)
 
     async def _scrape_load(self, engine: Engine) -> None:
         status, _, body = await engine.client.fetch(

@@ -9,7 +9,7 @@ Order of checks (SPEC §4): route → router state → retention → size → JS
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 
 from narwhal._narwhal_fast import Board
 from narwhal.admission.gate import AdmissionQueue
@@ -18,10 +18,11 @@ from narwhal.admission.sizing import Sizer
 from narwhal.config import Config
 from narwhal.errors import Refusal
 from narwhal.flow.attempt import Outcome
-from narwhal.flow.context import RequestContext
+from narwhal.flow.context import ModelBoard, RequestContext
 from narwhal.flow.relay import Relay
 from narwhal.learning import Learning
 from narwhal.request.deadlines import Deadlines
+from narwhal.request.models import Served
 from narwhal.request.parse import parse_request
 from narwhal.scheduling.placement import Scheduler
 from narwhal.server.http import EarlyResponse, Request, Responder
@@ -49,8 +50,13 @@ class CompletionFlow:
         queue: AdmissionQueue,
         learning: Learning,
         state_refusal: Callable[[], str | None],
+        names: Mapping[str, Served] | None = None,
+        model_boards: Sequence[Board] | None = None,
     ):
-        self.model = config.model
+        # Every name a client may send (configured models, aliases, adapters: the catalog's
+        # live mapping), and with per-model metrics each model's board, by model index.
+        self.names: str | Mapping[str, Served] = config.default_model if names is None else names
+        self.model_boards = model_boards
         self.serving = config.serving
         self.board = board
         self.sizer = sizer
@@ -107,22 +113,28 @@ class CompletionFlow:
                 task.cancel()
 
             responder.on_disconnect = cancel_wait
+        model: ModelBoard | None = None
         try:
-            parsed = parse_request(ctx.route, request.body, model=self.model)
+            parsed = parse_request(ctx.route, request.body, model=self.names)
+            if self.model_boards is not None and parsed.served is not None:
+                model = ModelBoard(self.board, self.model_boards[parsed.served.index])
             ctx.prompt_tokens = await self.sizer.size(parsed)
             ticket.sized(ctx.prompt_tokens)
+            if model is not None:
+                model.ticket.sized(ctx.prompt_tokens)
             deadlines = Deadlines.from_headers(
                 request.headers, ctx.arrival, self.serving.request_timeout_s
             )
             demand = self.predictive.admit(parsed, ctx.prompt_tokens)
-            if not self.scheduler.eligible():
+            if not self.scheduler.eligible(parsed.served):
                 raise Refusal("backend_unavailable")
             with demand:
-                placement, waited = await self.queue.place(ticket, deadlines)
-            self.board.observe("queue_wait", waited)
+                placement, waited = await self.queue.place(ticket, deadlines, demand)
+            board = self.board if model is None else model
+            board.observe("queue_wait", waited)
             relay = Relay(ctx, parsed, placement, responder, deadlines,
                           scheduler=self.scheduler, queue=self.queue, learning=self.learning,
-                          board=self.board)
+                          board=board)
             outcome = await relay.run()
             relay.observe_end()
         except Refusal as ref:
@@ -136,3 +148,5 @@ class CompletionFlow:
             responder.abort()
         finally:
             ticket.finish(*outcome)
+            if model is not None:
+                model.ticket.finish(*outcome)

@@ -2,7 +2,8 @@
 
 Per engine: a prefill model (overhead + tokens / rate) from profiling, a TPOT model scored
 on every decode attempt, drift scores of both, and the engine's projected load (prefill
-work placed on it, decode occupancy). Per route: the output-length distribution. The
+work placed on it, decode occupancy). Per model (or adapter) and route: the output-length
+distribution. The
 supervisor (``supervisor.py``) profiles engines when they join and when drift says so.
 """
 
@@ -20,13 +21,16 @@ from narwhal.learning.drift import Drift
 from narwhal.learning.latency import DEFAULT_PREFILL, PrefillModel
 from narwhal.learning.learned import EngineLearned
 from narwhal.learning.occupancy import Demand, PendingBook, Track
-from narwhal.learning.output_length import OutputLengths
+from narwhal.learning.output_length import OutputLengths, Table
 from narwhal.learning.supervisor import Supervisor
 from narwhal.learning.tpot import attempt_tpot
+from narwhal.request.models import Served
 
 if TYPE_CHECKING:
     from narwhal.config import Config
 
+PENDING_BOOKS = 1024
+"""Models' and adapters' pending books kept before the idle ones are dropped."""
 MIN_TPOT_TOKENS = 3
 """A decode attempt is scored for TPOT when at least this many tokens followed its first read."""
 
@@ -45,10 +49,11 @@ class Learning:
         self.learned = [EngineLearned(engine) for engine in engines]
         self.output = OutputLengths()
         self.pending = PendingBook()
+        self.pendings: dict[Served, PendingBook] = {}  # other models' and adapters'
         self.on_profiled: Callable[[Engine], None] | None = None
         self.supervisor = Supervisor(
             self.learned, self.output, self._profiled,
-            model=config.model if config is not None else "",
+            model=config.default_model if config is not None else "",
             state_file=config.state_file if config is not None else None,
             shared_path=shared_path)
 
@@ -84,10 +89,32 @@ class Learning:
 
     def expected_output(self, demand: Demand, generated: int = 0) -> float:
         """Expected output length of a request, given what it has generated so far."""
-        return self.output.expected(demand.route, demand.max_tokens, generated)
+        return self.lengths(demand.served)[demand.route].expected(demand.max_tokens, generated)
 
     def _expected(self, track: Track) -> float:
-        return self.output.expected(track.demand.route, track.demand.max_tokens, track.tokens)
+        demand = track.demand
+        return self.lengths(demand.served)[demand.route].expected(demand.max_tokens,
+                                                                  track.tokens)
+
+    def lengths(self, served: Served | None) -> Table:
+        """The output-length distributions of a model or adapter, by route (the first
+        configured model's are the default; an adapter's start from its base model's)."""
+        if served is None or (served.index == 0 and served.base is served):
+            return self.output.routes
+        like = self.lengths(served.base) if served.base is not served else None
+        return self.output.for_model(served.name, like)
+
+    def pending_for(self, served: Served | None) -> PendingBook:
+        """The admission queue's waiting work for a model or adapter (the first configured
+        model's is ``pending``)."""
+        if served is None or (served.index == 0 and served.base is served):
+            return self.pending
+        book = self.pendings.get(served)
+        if book is None:
+            if len(self.pendings) >= PENDING_BOOKS:  # adapters come and go: drop idle books
+                self.pendings = {s: b for s, b in self.pendings.items() if b.count}
+            book = self.pendings[served] = PendingBook()
+        return book
 
     # -- hooks: placement and the relay -----------------------------------------------------
     def place(self, engine: Engine, demand: Demand, slot: Slot | None, *,
@@ -130,7 +157,7 @@ class Learning:
         learned = self.learned[track.engine]
         demand = track.demand
         if completed:
-            self.output.observe(demand.route, demand.max_tokens, track.tokens)
+            self.lengths(demand.served)[demand.route].observe(demand.max_tokens, track.tokens)
             self.supervisor.dirty = True
         if track.tokens - track.first_tokens < MIN_TPOT_TOKENS:
             return

@@ -14,6 +14,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 
 from narwhal._narwhal_fast import Slot
+from narwhal.request.models import Served
 
 DECODE_CACHE_S = 0.1
 """How long a computed decode load is reused (it is a tie-breaker; tracks enter and leave
@@ -24,22 +25,24 @@ once per engine each; placement, first tokens and releases invalidate it)."""
 
 
 class Demand:
-    """One request's needs: prompt tokens, route, requested maximum and prompt-prefix key.
+    """One request's needs: prompt tokens, route, requested maximum, prompt-prefix key and
+    the model it names.
 
     ``with demand:`` holds it in the pending book (queued prefill work) until it is placed
     or gives up.
     """
 
     __slots__ = ("_book", "expected_output", "max_tokens", "pending", "prefix", "prompt_tokens",
-                 "route")
+                 "route", "served")
 
     def __init__(self, prompt_tokens: int, route: str = "completion",
                  max_tokens: int | None = None, prefix: int | None = None,
-                 book: PendingBook | None = None) -> None:
+                 book: PendingBook | None = None, served: Served | None = None) -> None:
         self.prompt_tokens = prompt_tokens
         self.route = route
         self.max_tokens = max_tokens
         self.prefix = prefix
+        self.served = served  # the model or adapter asked for (None: any engine)
         self.expected_output = 0.0  # expected output tokens, when placement computed it
         self.pending = False
         self._book = book

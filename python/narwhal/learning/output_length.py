@@ -1,4 +1,5 @@
-"""Output-length learning: per route, measured output lengths relative to the requested max.
+"""Output-length learning: per model and route, measured output lengths relative to the
+requested max.
 
 Requests that name ``max_tokens`` teach the distribution of ``output / max_tokens`` (20
 bins over (0, 1]); requests that do not teach the distribution of absolute lengths (bins
@@ -6,10 +7,15 @@ by powers of two). Both forget slowly (a half-life of about 180 requests), so a 
 the workload shows within a few hundred requests. A running request's expected length is
 the mean of the lengths at least as long as what it has already generated: decode
 correction as its tokens arrive.
+
+The first configured model's distributions are the default (``OutputLengths.routes``);
+every other model, and every adapter, has its own, an adapter's starting as a copy of its
+base model's.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 RATIO_BINS = 20
@@ -19,6 +25,8 @@ PRIOR_RATIO = 0.5  # before any measurement: half the requested maximum
 PRIOR_TOKENS = 256.0  # before any measurement, when no maximum is named
 PRIOR_WEIGHT = 1.0
 ROUTES = ("chat", "completion")
+MODEL_LIMIT = 256
+"""Models and adapters with their own distributions; past it the oldest adapter's go."""
 
 
 class _Histogram:
@@ -133,6 +141,9 @@ class LengthDistribution:
             cond = 2.0 * generated  # longer than anything seen: assume as long again
         return max(cond, generated + 1.0)
 
+    def copy(self) -> LengthDistribution:
+        return copy.deepcopy(self)
+
     def describe(self) -> dict[str, Any]:
         ratio, absolute = self.ratio, self.absolute
         return {
@@ -153,13 +164,33 @@ class LengthDistribution:
         }
 
 
-class OutputLengths:
-    """The learned distributions of every completion route."""
+Table = dict[str, LengthDistribution]
+"""One model's distributions, by route."""
 
-    __slots__ = ("routes",)
+
+class OutputLengths:
+    """The learned distributions of every completion route: the default model's
+    (``routes``) and every other model's or adapter's (``models``)."""
+
+    __slots__ = ("models", "routes")
 
     def __init__(self) -> None:
-        self.routes = {route: LengthDistribution() for route in ROUTES}
+        self.routes: Table = {route: LengthDistribution() for route in ROUTES}
+        self.models: dict[str, Table] = {}
+
+    def for_model(self, name: str, like: Table | None = None) -> Table:
+        """``name``'s distributions; a new model starts from the prior, or from a copy of
+        ``like`` (an adapter, from its base model's)."""
+        table = self.models.get(name)
+        if table is None:
+            if like is None:
+                table = {route: LengthDistribution() for route in ROUTES}
+            else:
+                table = {route: dist.copy() for route, dist in like.items()}
+            self.models[name] = table
+            if len(self.models) > MODEL_LIMIT:
+                del self.models[next(iter(self.models))]
+        return table
 
     def route(self, route: str) -> LengthDistribution:
         dist = self.routes.get(route)
@@ -173,18 +204,38 @@ class OutputLengths:
     def expected(self, route: str, max_tokens: int | None, generated: int = 0) -> float:
         return self.route(route).expected(max_tokens, generated)
 
-    def describe(self) -> dict[str, Any]:
-        return {route: dist.describe() for route, dist in self.routes.items()}
+    def describe(self, table: Table | None = None) -> dict[str, Any]:
+        """The default model's distributions, or ``table``'s."""
+        table = self.routes if table is None else table
+        return {route: dist.describe() for route, dist in table.items()}
 
     def as_json(self) -> dict[str, Any]:
-        return {route: {"ratio": d.ratio.as_json(), "absolute": d.absolute.as_json()}
-                for route, d in self.routes.items()}
+        out: dict[str, Any] = _table_json(self.routes)
+        if self.models:
+            out["models"] = {name: _table_json(table) for name, table in self.models.items()}
+        return out
 
     def load(self, data: object) -> None:
         if not isinstance(data, dict):
             return
-        for route, stored in data.items():
-            if route in ROUTES and isinstance(stored, dict):
-                dist = self.route(route)
-                dist.ratio.load(stored.get("ratio"))
-                dist.absolute.load(stored.get("absolute"))
+        _load_table(self.routes, data)
+        models = data.get("models")
+        if isinstance(models, dict):
+            for name, stored in models.items():
+                if isinstance(name, str) and isinstance(stored, dict):
+                    _load_table(self.for_model(name), stored)
+
+
+def _table_json(table: Table) -> dict[str, Any]:
+    return {route: {"ratio": d.ratio.as_json(), "absolute": d.absolute.as_json()}
+            for route, d in table.items()}
+
+
+def _load_table(table: Table, data: dict[Any, Any]) -> None:
+    for route, stored in data.items():
+        if route in ROUTES and isinstance(stored, dict):
+            dist = table.get(route)
+            if dist is None:
+                dist = table[route] = LengthDistribution()
+            dist.ratio.load(stored.get("ratio"))
+            dist.absolute.load(stored.get("absolute"))

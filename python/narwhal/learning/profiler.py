@@ -139,7 +139,7 @@ class Profiler:
         lo, hi = ID_RANGE
         rng = self._rng
         body: dict[str, object] = {
-            "model": self.model,
+            "model": engine.model or self.model,
             "prompt": [rng.randrange(lo, hi) for _ in range(prompt_tokens)],
             "max_tokens": PROBE_MAX_TOKENS,
             "stream": True,

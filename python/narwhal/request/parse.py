@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import orjson
 
 from narwhal.errors import Refusal
+from narwhal.request.models import Served
 
 MAX_DEPTH = 128
 """Deepest JSON nesting accepted (orjson itself parses 1024 levels but serializes only 254)."""
@@ -20,8 +22,8 @@ class Parsed:
     """A validated completion request: the untouched body plus what the router reads from it."""
 
     route: str  # "chat" | "completion"
-    body: dict[str, Any]  # the parsed body, untouched (other fields pass through)
-    model: str
+    body: dict[str, Any]  # the parsed body, untouched but for `model` (the canonical name)
+    model: str  # the canonical name: what the engine is sent
     stream: bool
     include_usage: bool  # client's stream_options.include_usage (False if absent)
     continuous_usage: bool  # client's stream_options.continuous_usage_stats (False if absent)
@@ -34,9 +36,11 @@ class Parsed:
     messages: int = 0  # number of chat messages (0 for completions)
     echo: bool = False  # the client sent echo: true (the engine echoes prompt text)
     include_reasoning: bool = True  # chat: False when the client sent include_reasoning: false
+    served: Served | None = None  # what the name resolved to (None: a plain model name)
+    alias: str | None = None  # the name the client sent, when an alias of `model`
 
 
-def parse_request(route: str, raw: bytes, *, model: str) -> Parsed:
+def parse_request(route: str, raw: bytes, *, model: str | Mapping[str, Served]) -> Parsed:
     """Parse and check one completion request body; raise Refusal on the first failing rule.
 
     Checks run in SPEC §4's order: JSON and shape (including every router-interpreted field's
@@ -45,8 +49,11 @@ def parse_request(route: str, raw: bytes, *, model: str) -> Parsed:
     `stream_options`, `n`, `best_of`, `echo`, `max_tokens`, `max_completion_tokens`,
     `return_token_ids`, `include_reasoning` (chat), `logprobs`, `top_logprobs`, `tools`,
     `tool_choice`, `modalities`, `audio`. A router-interpreted field sent as `null` counts as
-    absent (as in vLLM). Completions accept `max_tokens: 0` with `echo: true`, as vLLM does
-    (it answers the prompt alone and generates one token, so `Parsed.max_tokens` is 1).
+    absent (as in vLLM). ``model``: the one name served, or every name a client may send
+    (configured models, aliases, adapters), mapped to what it means; an alias is replaced by
+    its model's name in the body the engine gets. Completions accept `max_tokens: 0` with
+    `echo: true`, as vLLM does (it answers the prompt alone and generates one token, so
+    `Parsed.max_tokens` is 1).
     Duplicate keys: the last occurrence wins (orjson's behaviour, like Python's json).
     """
     chat = route == "chat"
@@ -120,9 +127,18 @@ def parse_request(route: str, raw: bytes, *, model: str) -> Parsed:
         n_tools, modalities, audio = 0, None, None
 
     # -- model -----------------------------------------------------------------------------
-    if req_model != model:
+    served = alias = None
+    if isinstance(model, str):
+        known = req_model == model
+    else:
+        served = model.get(req_model)
+        known = served is not None
+    if not known:
         shown = req_model if len(req_model) <= 256 else req_model[:256] + "…"
         raise Refusal("model_not_found", f"The model `{shown}` does not exist.", param="model")
+    if served is not None and served.name != req_model:
+        alias, req_model = req_model, served.name
+        body["model"] = req_model
 
     # -- sampling width --------------------------------------------------------------------
     if n is not None and n > 1:
@@ -140,7 +156,7 @@ def parse_request(route: str, raw: bytes, *, model: str) -> Parsed:
 
     return Parsed(route, body, req_model, stream, include_usage, continuous, return_ids,
                   max_tokens, logprobs, chars, prompt_ids, n_tools, n_messages, echo,
-                  include_reasoning)
+                  include_reasoning, served, alias)
 
 
 def _bad(param: str, message: str) -> NoReturn:

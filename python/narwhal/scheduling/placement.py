@@ -1,7 +1,8 @@
 """Placement: which engine runs a request, and the slots it holds there.
 
-Eligible engines are healthy, not draining, not in maintenance, of a role that can take a
-request's prefill, and, in predictive admission, profiled. Among those with room the policy
+Eligible engines serve the request's model (or adapter), are healthy, not draining, not in
+maintenance, of a role that can take a request's prefill, and, in predictive admission,
+profiled. Among those with room the policy
 orders the candidates (default ``lowest_ttft``); ties rotate. Slot limits live in the shared
 board, so they hold across worker processes; so do the in-flight counts policies rank by.
 
@@ -21,6 +22,7 @@ from narwhal._narwhal_fast import Board
 from narwhal.fleet.engine import Engine
 from narwhal.learning import Learning
 from narwhal.learning.occupancy import Demand
+from narwhal.request.models import Served
 from narwhal.request.parse import Parsed
 from narwhal.scheduling.disagg import usable
 from narwhal.scheduling.holds import Placement, Split
@@ -54,15 +56,18 @@ class Scheduler:
         self._turn = 0
 
     # -- what admission asks -----------------------------------------------------------------
-    def eligible(self) -> list[Engine]:
+    def eligible(self, served: Served | None = None) -> list[Engine]:
+        """Placement-eligible engines; with ``served``, those serving that model or adapter."""
         learning, predictive = self.learning, self.predictive
-        return [e for e in usable(self.engines) if not predictive or learning.profiled(e)]
+        return [e for e in usable(self.engines, served)
+                if not predictive or learning.profiled(e)]
 
     def demand(self, parsed: Parsed, prompt_tokens: int) -> Demand:
         """What ``parsed`` asks of the fleet (held pending while it waits for placement)."""
         prefix = prefix_key(parsed, self.prefix_chars) if self.policy.needs_prefix else None
+        served = parsed.served
         demand = Demand(prompt_tokens, parsed.route, parsed.max_tokens, prefix,
-                        self.learning.pending)
+                        self.learning.pending_for(served), served)
         demand.expected_output = self.learning.expected_output(demand)
         return demand
 
@@ -80,13 +85,13 @@ class Scheduler:
                   demand: Demand | None = None) -> Placement | None:
         """Place ``demand`` (default: the oldest request waiting in the admission queue)."""
         board = self.board
-        engines = self.eligible()
+        if demand is None:
+            demand = self.learning.pending.head() or Demand(0)
+        engines = self.eligible(demand.served)
         if exclude is not None:
             engines = [e for e in engines if e is not exclude]
         if not engines:
             return None
-        if demand is None:
-            demand = self.learning.pending.head() or Demand(0)
         self._turn = (self._turn + 1) % len(engines)
         now = time.monotonic()
         candidates = []
@@ -104,7 +109,7 @@ class Scheduler:
         half moves over to the new placement. None when no other prefill engine has room."""
         now = time.monotonic()
         failed = placement.engine
-        engines = [e for e in self.eligible()
+        engines = [e for e in self.eligible(demand.served)
                    if e.config.role == "prefill" and e is not failed]
         if not engines:
             return None
@@ -175,13 +180,14 @@ class Scheduler:
                 return Placement(board, engine, slot, track)
         return None
 
-    def _decoders(self) -> list[Engine]:
+    def _decoders(self, served: Served | None) -> list[Engine]:
         """Decode engines with a decode slot to come, least expected decode work first."""
         now = time.monotonic()
         learning, board = self.learning, self.board
         found = []
         for e in self.engines:
-            if e.config.role == "decode" and e.serves():
+            if (e.config.role == "decode" and e.serves()
+                    and (served is None or served.on(e.index))):
                 decoding = board.inflight(e.index)[1]
                 if decoding < e.config.max_decode:
                     found.append((learning.decode_load(e, now) / e.config.weight,
@@ -189,7 +195,7 @@ class Scheduler:
         return [e for *_, e in sorted(found)]
 
     def _take_split(self, ordered: list[Candidate], demand: Demand) -> Placement | None:
-        for decoder in self._decoders():
+        for decoder in self._decoders(demand.served):
             slot = self.board.acquire_slot(decoder.index, "decode", decoder.config.max_decode)
             if slot is None:
                 continue

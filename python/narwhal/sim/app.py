@@ -41,6 +41,8 @@ class SimApp:
             "/health": {"GET": self._health},
             "/ping": {"GET": self._health, "POST": self._health},
             "/v1/models": {"GET": self._models},
+            "/v1/load_lora_adapter": {"POST": self._load_lora},
+            "/v1/unload_lora_adapter": {"POST": self._unload_lora},
             "/metrics": {"GET": self._metrics},
             "/version": {"GET": self._version},
             "/load": {"GET": self._load},
@@ -78,20 +80,66 @@ class SimApp:
         exchange.send(200, b"", content_type=None)
 
     def _models(self, request: Request, exchange: Exchange) -> None:
+        """vLLM's model list: a card per served name (root: the model path), then a card per
+        loaded adapter (root: its path, parent: the first served name, no max_model_len)."""
         s = self.settings
+        cards = [self._card(name, s.model, None, s.max_model_len) for name in s.served_names]
+        cards += [self._card(name, path, s.served_model, None) for name, path in s.loras.items()]
+        exchange.send(200, orjson.dumps({"object": "list", "data": cards}))
+
+    def _card(self, name: str, root: str, parent: str | None,
+              max_model_len: int | None) -> dict[str, Any]:
         perm = {"id": f"modelperm-{self.rng.getrandbits(64):016x}", "object": "model_permission",
                 "created": self.created, "allow_create_engine": False, "allow_sampling": True,
                 "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
                 "allow_fine_tuning": False, "organization": "*", "group": None,
                 "is_blocking": False}
-        card = {"id": s.model, "object": "model", "created": self.created, "owned_by": "vllm",
-                "root": s.model, "parent": None, "max_model_len": s.max_model_len,
+        return {"id": name, "object": "model", "created": self.created, "owned_by": "vllm",
+                "root": root, "parent": parent, "max_model_len": max_model_len,
                 "permission": [perm]}
-        exchange.send(200, orjson.dumps({"object": "list", "data": [card]}))
+
+    def _load_lora(self, request: Request, exchange: Exchange) -> None:
+        """vLLM's runtime adapter loading (VLLM_ALLOW_RUNTIME_LORA_UPDATING): a plain-text
+        200, or its error envelope (400 InvalidUserInput, as vLLM's checks answer)."""
+        try:
+            body = self._json_body(request)
+            name, path = body.get("lora_name"), body.get("lora_path")
+            if not isinstance(name, str) or not name or not isinstance(path, str) or not path:
+                raise SimError(400, "Both 'lora_name' and 'lora_path' must be provided.",
+                               "InvalidUserInput")
+            if name in self.settings.loras and body.get("load_inplace") is not True:
+                raise SimError(400, f"The lora adapter '{name}' has already been loaded. If "
+                               "you want to load the adapter in place, set 'load_inplace' to "
+                               "True.", "InvalidUserInput")
+            if name in self.settings.served_names:
+                raise SimError(400, f"The lora adapter name '{name}' is a served model name.",
+                               "InvalidUserInput")
+        except SimError as err:
+            exchange.send(err.status, err.body())
+            return
+        self.settings.loras[name] = path
+        exchange.send(200, f"Success: LoRA adapter '{name}' added successfully.".encode(),
+                      content_type=None)
+
+    def _unload_lora(self, request: Request, exchange: Exchange) -> None:
+        try:
+            name = self._json_body(request).get("lora_name")
+            if not isinstance(name, str) or not name:
+                raise SimError(400, "'lora_name' needs to be provided to unload a LoRA adapter.",
+                               "InvalidUserInput")
+            if name not in self.settings.loras:
+                raise SimError(404, f"The lora adapter '{name}' cannot be found.",
+                               "NotFoundError")
+        except SimError as err:
+            exchange.send(err.status, err.body())
+            return
+        del self.settings.loras[name]
+        exchange.send(200, f"Success: LoRA adapter '{name}' removed successfully.".encode(),
+                      content_type=None)
 
     def _metrics(self, request: Request, exchange: Exchange) -> None:
         e = self.engine
-        labels = f'{{engine="0",model_name="{self.settings.model}"}}'
+        labels = f'{{engine="0",model_name="{self.settings.served_model}"}}'
         lines = [
             "# HELP vllm:num_requests_running Number of requests in model execution batches.",
             "# TYPE vllm:num_requests_running gauge",
@@ -131,7 +179,7 @@ class SimApp:
         try:
             body = self._json_body(request)
             model = body.get("model")
-            if model is not None and model != self.settings.model:
+            if model is not None and not self.settings.serves(model):
                 raise SimError(404, f"The model `{model}` does not exist.", "NotFoundError",
                                "model")
             if "messages" in body:

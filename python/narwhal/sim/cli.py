@@ -32,6 +32,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")
     parser.add_argument("--port", type=int, default=0, help="port (0 = pick a free one)")
     parser.add_argument("--model", default=DEFAULT_MODEL, help=f"served model ({DEFAULT_MODEL})")
+    parser.add_argument("--served-model-name", action="extend", nargs="+", default=[],
+                        metavar="NAME",
+                        help="as vLLM: the names the model is served under (repeatable; the "
+                             "first is the name answers carry); default: --model")
+    parser.add_argument("--lora", action="append", default=[], metavar="NAME[=PATH]",
+                        help="a LoRA adapter loaded at start (repeatable), listed on "
+                             "/v1/models with parent = the first served name; more are "
+                             "loaded and unloaded at run time with POST "
+                             "/v1/load_lora_adapter and /v1/unload_lora_adapter")
     parser.add_argument("--prefill-tokens-per-s", type=float, default=d.prefill_tokens_per_s,
                         help="prefill rate, prompt tokens per second")
     parser.add_argument("--prefill-overhead-ms", type=float, default=d.prefill_overhead_ms,
@@ -71,9 +80,20 @@ def _exit_with_parent() -> None:
         raise SystemExit(0)
 
 
+def _loras(specs: list[str]) -> dict[str, str]:
+    loras: dict[str, str] = {}
+    for spec in specs:
+        name, _, path = spec.partition("=")
+        if not name:
+            raise ValueError(f"--lora {spec!r}: give NAME or NAME=PATH")
+        loras[name] = path or f"/adapters/{name}"
+    return loras
+
+
 def settings_from(args: argparse.Namespace) -> SimSettings:
     return SimSettings(
-        model=args.model, prefill_tokens_per_s=args.prefill_tokens_per_s,
+        model=args.model, served_names=tuple(args.served_model_name), loras=_loras(args.lora),
+        prefill_tokens_per_s=args.prefill_tokens_per_s,
         prefill_overhead_ms=args.prefill_overhead_ms, tpot_ms=args.tpot_ms,
         tpot_growth_ms=args.tpot_growth_ms, output_len=args.output_len,
         max_model_len=args.max_model_len, role=args.role, seed=args.seed,

@@ -203,7 +203,7 @@ class Completions:
     def _parse(self, body: dict[str, Any], found: Directives, chat: bool) -> _Ask:
         """Validate the body the way vLLM does; raise SimError with vLLM's status and body."""
         model = body.get("model")
-        if model is not None and model != self._settings.model:
+        if model is not None and not (isinstance(model, str) and self._settings.serves(model)):
             raise errors.not_found_model(str(model))
         n = body.get("n")
         if n is not None and n != 1:
@@ -272,7 +272,11 @@ class Completions:
                 plan = scenarios.completion_plan(offset, out_len, budget, ask.ignore_eos)
             plans.append((prompt_ids, plan))
         kv = None if ask.stream else self._kv_params(body, rid, len(ask.prompts[0]))
-        model, model_json, fp = s.model, orjson.dumps(s.model), s.fingerprint
+        # vLLM answers an adapter's requests with its name, the base model's with the first
+        # served name whichever one the request used.
+        asked = body.get("model")
+        model = asked if isinstance(asked, str) and asked in s.loras else s.served_model
+        model_json, fp = orjson.dumps(model), s.fingerprint
         frames: ChatFrames | CompletionFrames | None = None
         build: Callable[[list[ChoiceJob]], bytes]
         if chat:

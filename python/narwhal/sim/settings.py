@@ -56,7 +56,9 @@ class OutputLength:
 class SimSettings:
     """Everything that shapes one simulated engine; the timing fields may change at run time."""
 
-    model: str = DEFAULT_MODEL
+    model: str = DEFAULT_MODEL  # the model path (root of the base cards on /v1/models)
+    served_names: tuple[str, ...] = ()  # as vLLM's --served-model-name; empty: (model,)
+    loras: dict[str, str] = field(default_factory=dict)  # loaded adapters: name -> path
     prefill_tokens_per_s: float = 20000.0
     prefill_overhead_ms: float = 5.0
     tpot_ms: float = 10.0
@@ -71,6 +73,8 @@ class SimSettings:
     output_length: OutputLength = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        if not self.served_names:
+            self.served_names = (self.model,)
         self.validate()
         self.output_length = OutputLength(self.output_len)
 
@@ -86,6 +90,19 @@ class SimSettings:
             raise ValueError("max_model_len must be >= 2")
         if self.role not in ROLES:
             raise ValueError(f"role must be one of {', '.join(ROLES)}")
+        clash = set(self.served_names) & set(self.loras)
+        if clash:
+            raise ValueError(f"adapter names clash with served model names: {sorted(clash)}")
+
+    @property
+    def served_model(self) -> str:
+        """The name a base-model answer carries: the first served name (vLLM's
+        ``base_model_paths[0].name``, whichever served name the request used)."""
+        return self.served_names[0]
+
+    def serves(self, name: str) -> bool:
+        """A name a request may send: a served model name or a loaded adapter."""
+        return name in self.served_names or name in self.loras
 
     @property
     def fingerprint(self) -> str:
@@ -126,6 +143,8 @@ class SimSettings:
         """The current settings as JSON-able values."""
         return {
             "model": self.model,
+            "served_names": list(self.served_names),
+            "loras": dict(self.loras),
             "prefill_tokens_per_s": self.prefill_tokens_per_s,
             "prefill_overhead_ms": self.prefill_overhead_ms,
             "tpot_ms": self.tpot_ms,
