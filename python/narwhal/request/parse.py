@@ -28,7 +28,7 @@ class Parsed:
     include_usage: bool  # client's stream_options.include_usage (False if absent)
     continuous_usage: bool  # client's stream_options.continuous_usage_stats (False if absent)
     return_token_ids: bool
-    max_tokens: int | None  # chat: max_completion_tokens wins over max_tokens
+    max_tokens: int | None  # chat: max_completion_tokens wins; completions echo with 0: 1
     logprobs: bool  # chat: logprobs is true; completions: logprobs is an integer
     prompt_text_chars: int  # characters of prompt text (content, text parts, tool JSON)
     prompt_token_ids: int  # number of token ids when the completion prompt is ids
