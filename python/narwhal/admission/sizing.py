@@ -120,7 +120,7 @@ def prompt_texts(parsed: Parsed) -> Iterator[str]:
 class EngineSizer:
     """Asks an engine's ``/tokenize`` (vLLM and SGLang have it) for the exact prompt count.
 
-    Engines are asked in turn among those serving; any failure, a timeout or a prompt shape
+    Engines are asked in turn among those serving the request's model; any failure, a timeout or a prompt shape
     ``/tokenize`` cannot take (a list of prompts) falls back to the estimate, so sizing never
     blocks a request for longer than ``timeout_s``.
     """
@@ -134,7 +134,9 @@ class EngineSizer:
 
     async def size(self, parsed: Parsed) -> int:
         body = self._tokenize_body(parsed)
-        serving = [e for e in self._engines if e.serves()]
+        served = parsed.served
+        serving = [e for e in self._engines
+                   if e.serves() and (served is None or served.base.on(e.index))]
         if body is None or not serving:
             return EstimateSizer.size_now(parsed)
         self._turn = (self._turn + 1) % len(serving)
@@ -153,16 +155,19 @@ class EngineSizer:
 
     @staticmethod
     def _tokenize_body(parsed: Parsed) -> dict[str, Any] | None:
+        """The /tokenize request, naming the base model (an adapter shares its tokenizer and
+        may not be loaded on the engine asked)."""
         body = parsed.body
+        model = parsed.model if parsed.served is None else parsed.served.base.name
         if parsed.route == "chat":
-            out: dict[str, Any] = {"model": parsed.model, "messages": body["messages"],
+            out: dict[str, Any] = {"model": model, "messages": body["messages"],
                                    "add_generation_prompt": True}
             if body.get("tools"):
                 out["tools"] = body["tools"]
             return out
         prompt = body.get("prompt")
         if isinstance(prompt, str):
-            return {"model": parsed.model, "prompt": prompt}
+            return {"model": model, "prompt": prompt}
         return None  # token ids are counted exactly by the estimate; lists of prompts too
 
 
