@@ -79,6 +79,7 @@ class Relay:
         self.retry_failure: Refusal | None = None  # what to answer if no engine is left
         self.judging: Engine | None = None  # engine whose attempt awaits its verdict
         self.failure: str | None = None  # the current attempt's failure kind, once known
+        self.counts_ids = False  # the attempt's reads count validated token IDs
         self.first_token_at: float | None = None
         self.last_token_at = 0.0
         self.dispatched_at = 0.0
@@ -133,6 +134,7 @@ class Relay:
             self._finish(*opened.outcome)
             return False
         self.upstream = opened
+        self.counts_ids = ask.session["require_token_ids"]
         self.session = StreamSession(
             self.parsed.route,
             assemble=not self.parsed.stream,
@@ -223,7 +225,7 @@ class Relay:
             responder = self.responder
             if not responder.started:
                 responder.start(200)
-                if self.first_token_at is None and not self.engine.token_ids:
+                if self.first_token_at is None and not self.counts_ids:
                     self._first_token(self.loop.time())
             if state == _DONE and self.parsed.stream:
                 self._tail = out  # goes out with the end of the body, in one write

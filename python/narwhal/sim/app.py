@@ -34,6 +34,7 @@ class SimApp:
         self.stats = Stats()
         self.rng = random.Random(settings.seed)
         self.created = int(time.time())
+        self.models_listed = 0  # GET /v1/models answered (a router's probes read it)
         self.completions = Completions(settings, engine, self.stats, self.rng)
         self._routes: dict[str, dict[str, Handler]] = {
             "/v1/chat/completions": {"POST": self._chat},
@@ -83,6 +84,7 @@ class SimApp:
         """vLLM's model list: a card per served name (root: the model path), then a card per
         loaded adapter (root: its path, parent: the first served name, no max_model_len)."""
         s = self.settings
+        self.models_listed += 1
         cards = [self._card(name, s.model, None, s.max_model_len) for name in s.served_names]
         cards += [self._card(name, path, s.served_model, None) for name, path in s.loras.items()]
         exchange.send(200, orjson.dumps({"object": "list", "data": cards}))
@@ -222,6 +224,7 @@ class SimApp:
         out = self.stats.as_json(self.engine.num_running, self.engine.num_waiting)
         out["peak_running"] = self.engine.peak_running
         out["peak_waiting"] = self.engine.peak_waiting
+        out["models_listed"] = self.models_listed
         exchange.send(200, orjson.dumps(out))
 
     def _sim_config(self, request: Request, exchange: Exchange) -> None:
