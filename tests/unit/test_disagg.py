@@ -10,7 +10,7 @@ from narwhal.fleet.engine import Engine, Health
 from narwhal.learning import Learning
 from narwhal.learning.latency import PrefillModel
 from narwhal.learning.occupancy import Demand
-from narwhal.request.engine_body import REMOTE_DECODE, engine_body, prefill_body
+from narwhal.request.engine_body import REMOTE_DECODE, engine_request, prefill_body
 from narwhal.request.parse import parse_request
 from narwhal.scheduling.placement import Scheduler
 from narwhal.upstream.client import EngineClient
@@ -163,8 +163,7 @@ def test_prefill_body_follows_the_nixl_proxy() -> None:
     # The decode leg: the client's body with the prefill reply's parameters, verbatim.
     kv = {"do_remote_prefill": True, "remote_block_ids": [[1, 2]], "opaque": {"x": 1}}
     decoder = fleet("decode")[0]
-    body, _ = engine_body(parsed, token_ids=decoder.token_ids, kv_params=kv)
-    decoded = orjson.loads(body)
+    decoded = orjson.loads(engine_request(parsed, token_ids=decoder.token_ids, kv_params=kv).body)
     assert decoded["kv_transfer_params"] == kv
     assert decoded["max_tokens"] == 50 and decoded["min_tokens"] == 3
     assert decoded["stream_options"] == {"include_usage": True}

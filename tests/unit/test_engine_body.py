@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 import pytest
 
-from narwhal.request.engine_body import engine_body, engine_request
+from narwhal.request.engine_body import engine_request
 from narwhal.request.parse import Parsed, parse_request
 
 MODEL = "m"
@@ -34,23 +34,17 @@ def options(drop_usage: bool = False, require_token_ids: bool = True,
             "strip_reasoning": strip_reasoning, "echo": echo}
 
 
-def test_plain_requests_are_asked_as_before() -> None:
+def test_plain_requests_ask_for_ids_only_where_the_engine_returns_them() -> None:
     for p in (parsed(stream=True), parsed(), parsed("completion", stream=True)):
-        for ids in (True, False):
-            body, session = ask(p, ids)
-            legacy, drop_usage = engine_body(p, token_ids=ids)
-            assert orjson.loads(legacy) == body and drop_usage == session["drop_usage"]
+        body, session = ask(p, True)
+        assert body["return_token_ids"] is True and body["stream_interval"] == 1
+        assert session["require_token_ids"]
+        body, session = ask(p, False)
+        assert "return_token_ids" not in body and not session["require_token_ids"]
+        assert body["stream"] is True
     _, session = ask(parsed(stream=True))
     assert session == options()
     assert ask(parsed(stream=True), False)[1] == options(drop_usage=True, require_token_ids=False)
-
-
-def test_legacy_engine_body_passes_include_reasoning_through() -> None:
-    # The relay's call until it takes engine_request: nothing changes under it meanwhile.
-    body, _ = engine_body(parsed(include_reasoning=False), token_ids=True)
-    assert orjson.loads(body)["include_reasoning"] is False
-    body, _ = engine_body(parsed("completion", echo=True), token_ids=True)
-    assert orjson.loads(body)["return_token_ids"] is True
 
 
 def test_include_reasoning_false_asks_with_reasoning_and_strips() -> None:

@@ -98,14 +98,6 @@ def engine_request(parsed: Parsed, *, token_ids: bool,
                                 "strip_reasoning": strip, "echo": parsed.echo})
 
 
-def engine_body(parsed: Parsed, *, token_ids: bool,
-                kv_params: dict[str, Any] | None = None) -> tuple[bytes, bool]:
-    """The body and whether to drop the usage frame, as before :func:`engine_request`: IDs
-    asked whenever the engine returns them, include_reasoning passed through. Kept only
-    until the relay calls engine_request (which its session options need); then remove."""
-    return _body(parsed, token_ids, False, kv_params)
-
-
 def _body(parsed: Parsed, ids: bool, strip: bool,
           kv_params: dict[str, Any] | None) -> tuple[bytes, bool]:
     body: dict[str, Any] = dict(parsed.body)
