@@ -26,7 +26,7 @@ from narwhal.flow.context import LatencySink, RequestContext
 from narwhal.flow.prefill import prefill_leg
 from narwhal.learning import Learning
 from narwhal.request.deadlines import Deadlines
-from narwhal.request.engine_body import ROUTE_PATHS, engine_body, prefill_body
+from narwhal.request.engine_body import ROUTE_PATHS, engine_request, prefill_body
 from narwhal.request.parse import Parsed
 from narwhal.scheduling.placement import Placement, Scheduler
 from narwhal.server.http import Responder
@@ -122,10 +122,10 @@ class Relay:
             return False
         engine = self.engine
         self._begin(engine)
-        body, drop_usage = engine_body(self.parsed, token_ids=engine.token_ids,
-                                       kv_params=self.kv_params)
+        ask = engine_request(self.parsed, token_ids=engine.token_ids, kv_params=self.kv_params)
         try:
-            opened = await dispatch(engine, ROUTE_PATHS[self.parsed.route], body, self.headers,
+            opened = await dispatch(engine, ROUTE_PATHS[self.parsed.route], ask.body,
+                                    self.headers,
                                     headers_by=self.deadlines.headers_by,
                                     responder=self.responder)
         except Retry as exc:
@@ -139,9 +139,8 @@ class Relay:
             self.parsed.route,
             assemble=not self.parsed.stream,
             expose_token_ids=self.parsed.return_token_ids,
-            drop_usage=drop_usage,
-            require_token_ids=engine.token_ids,
             prompt_tokens=self.ctx.prompt_tokens,
+            **ask.session,
         )
         self._arm_deadline()
         self.responder.set_flow_listener(opened.pause_reading, opened.resume_reading)
