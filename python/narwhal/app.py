@@ -26,6 +26,7 @@ from narwhal.fleet.shared_admin import SharedAdmin
 from narwhal.fleet.state import RouterState
 from narwhal.flow.completion import CompletionFlow
 from narwhal.learning import Learning
+from narwhal.observe import make_observer
 from narwhal.request.models import Card, Catalog
 from narwhal.scheduling.placement import Scheduler
 from narwhal.upstream.client import EngineClient
@@ -104,11 +105,12 @@ class Narwhal:
             board, lambda: [e.name for e in engines], extra=self._metric_families,
             models=[] if boards is None else [
                 (m.name, b) for m, b in zip(config.models, boards, strict=True)])
+        self.observer = make_observer(config)
         self.flow = CompletionFlow(
             config, board,
             sizer=sizer or make_sizer(config.admission.sizing, engines, config.tokenizer),
             predictive=PredictiveAdmission(config.admission, learning, scheduler),
-            scheduler=scheduler, queue=queue, learning=learning,
+            scheduler=scheduler, queue=queue, learning=learning, observer=self.observer,
             state_refusal=state.refusal, names=catalog.names, model_boards=boards,
         )
         info = InfoRoutes(catalog, board, engines, learning, registry, self.lifecycle,
@@ -140,6 +142,8 @@ class Narwhal:
         if self.wake is not None:
             self.wake.close()
         await asyncio.gather(*(e.client.close() for e in self.engines))
+        if self.observer is not None:
+            await self.observer.close()
 
     # -- wiring ------------------------------------------------------------------------------
     def _engine_changed(self, engine: Engine) -> None:

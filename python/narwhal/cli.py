@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import logging
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -30,6 +29,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--workers", type=int, default=1, help="worker processes on one port")
     serve.add_argument("--demo-engines", type=int, default=2, help=argparse.SUPPRESS)
     serve.add_argument("--log-level", default="warning")
+    serve.add_argument("--log-format", choices=("text", "json"),
+                       help="the router's own log lines (default: logging.format, text)")
 
     sim = commands.add_parser("sim", help="run a simulated vLLM engine")
     sim_cli.add_arguments(sim)
@@ -41,10 +42,12 @@ DEMO_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
 def _serve(args: argparse.Namespace) -> int:
     from narwhal.config import ConfigError, Listen, demo_config, load_config
+    from narwhal.observe import TracingUnavailable, check_tracing
+    from narwhal.observe.logs import setup_logging
     from narwhal.serve import serve, start_demo_engines, stop_processes
 
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    setup_logging(args.log_level, args.log_format or "text")
     procs: list[subprocess.Popen[str]] = []
     extra = ""
     try:
@@ -58,6 +61,14 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"narwhal: {exc}", file=sys.stderr)
         stop_processes(procs)
         return 2
+    try:
+        check_tracing(config.tracing)
+    except TracingUnavailable as exc:
+        print(f"narwhal: {exc}", file=sys.stderr)
+        stop_processes(procs)
+        return 2
+    if args.log_format is None and config.logging.format != "text":
+        setup_logging(args.log_level, config.logging.format)
     for name in config.missing_secrets():
         print(f"narwhal: warning: {name}", file=sys.stderr)
     if args.host is not None or args.port is not None:

@@ -20,6 +20,7 @@ LAYERS: dict[str, int] = {
     # a request as data; the engine HTTP client; the client-facing HTTP server
     "request": 1, "upstream": 1, "server": 1,
     "fleet": 2,        # engines, health, outlier ejection, maintenance, HA
+    "observe": 2,      # the access log, traces (W3C context, OTLP export), log format
     "learning": 3,     # the latency model, profiling, drift, output lengths
     "scheduling": 4,   # placement and the slots a placement holds
     "admission": 5,    # the queue, predictive admission, sizing, worker wake-ups

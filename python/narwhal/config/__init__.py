@@ -17,10 +17,13 @@ from narwhal.config.sections import (
     Lease,
     LeaseBackend,
     Listen,
+    LogFormat,
+    Logging,
     ModelConfig,
     PlacementPolicy,
     Scheduling,
     Serving,
+    Tracing,
 )
 
 __all__ = [
@@ -40,10 +43,13 @@ __all__ = [
     "Lease",
     "LeaseBackend",
     "Listen",
+    "LogFormat",
+    "Logging",
     "ModelConfig",
     "PlacementPolicy",
     "Scheduling",
     "Serving",
+    "Tracing",
     "demo_config",
     "load_config",
     "parse_config",

@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 Problems = list[tuple[str, str]]
 _T = TypeVar("_T", bound="DataclassInstance")
 _BAD: Any = object()  # stands for a value that failed its check (already reported)
-_KIND_NAMES = {int: "an integer", float: "a number", str: "a non-empty string"}
+_KIND_NAMES = {int: "an integer", float: "a number", str: "a non-empty string",
+               bool: "true or false"}
 
 
 # ---------------------------------------------------------------- checks across keys
@@ -140,6 +141,8 @@ def _expected(rule: Rule) -> str:
 
 
 def _fits(rule: Rule, value: object) -> bool:
+    if rule.kind is bool:
+        return isinstance(value, bool)
     if rule.kind is str:
         return (
             isinstance(value, str) and value != "" and (not rule.choices or value in rule.choices)

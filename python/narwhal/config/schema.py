@@ -98,6 +98,20 @@ def engine_url(value: str) -> str | None:
     return None
 
 
+def otlp_url(value: str) -> str | None:
+    """An OTLP/HTTP collector: ``http(s)://host:port``, optionally with a path."""
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 (raises on a bad port)
+    except ValueError as exc:
+        return f"is not a valid URL ({exc})"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "must be http://host:port (the collector's OTLP/HTTP address, e.g. port 4318)"
+    if parts.query or parts.fragment or parts.username:
+        return "must be http(s)://host:port[/path] with no query or credentials"
+    return None
+
+
 def lease_url(value: str) -> str | None:
     """A Redis connection URL."""
     if urlsplit(value).scheme in ("redis", "rediss", "unix"):

@@ -14,6 +14,7 @@ from narwhal.config.schema import (
     env_name,
     lease_url,
     model_name,
+    otlp_url,
     rule,
     wave_name,
 )
@@ -25,6 +26,7 @@ PlacementPolicy = Literal["lowest_ttft", "prefix_affinity", "least_loaded"]
 HARole = Literal["active", "standby"]
 LeaseBackend = Literal["none", "redis"]
 SizingMode = Literal["auto", "tokenizer", "engine", "estimate"]
+LogFormat = Literal["text", "json"]
 
 DEMO_MODEL = "narwhal-demo"
 
@@ -188,6 +190,26 @@ class Auth:
 
 
 @dataclass(frozen=True, slots=True)
+class Tracing:
+    """OpenTelemetry traces (the extra ``narwhal[otel]``): on when ``otlp_endpoint`` is set."""
+
+    otlp_endpoint: str | None = field(
+        default=None, metadata=rule(str, optional=True, check=otlp_url)
+    )
+    service_name: str = field(default="narwhal", metadata=rule(str))
+    sample_ratio: float = field(default=1.0, metadata=rule(float, ge=0, le=1))
+
+
+@dataclass(frozen=True, slots=True)
+class Logging:
+    """The access log (one line per finished request) and the format of log lines."""
+
+    access_log: bool = field(default=False, metadata=rule(bool))
+    format: LogFormat = field(default="text", metadata=rule(str, choices=get_args(LogFormat)))
+    access_log_file: str | None = field(default=None, metadata=rule(str, optional=True))
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     """The whole configuration."""
 
@@ -208,6 +230,8 @@ class Config:
     auth: Auth = field(default_factory=Auth, metadata=rule(Auth))
     tokenizer: str | None = field(default=None, metadata=rule(str, optional=True))
     state_file: str | None = field(default=None, metadata=rule(str, optional=True))
+    tracing: Tracing = field(default_factory=Tracing, metadata=rule(Tracing))
+    logging: Logging = field(default_factory=Logging, metadata=rule(Logging))
 
     @property
     def served_models(self) -> tuple[ModelConfig, ...]:

@@ -21,6 +21,7 @@ from narwhal.flow.attempt import Outcome
 from narwhal.flow.context import ModelBoard, RequestContext
 from narwhal.flow.relay import Relay
 from narwhal.learning import Learning
+from narwhal.observe import Observer
 from narwhal.request.deadlines import Deadlines
 from narwhal.request.models import Served
 from narwhal.request.parse import parse_request
@@ -50,6 +51,7 @@ class CompletionFlow:
         queue: AdmissionQueue,
         learning: Learning,
         state_refusal: Callable[[], str | None],
+        observer: Observer | None = None,
         names: Mapping[str, Served] | None = None,
         model_boards: Sequence[Board] | None = None,
     ):
@@ -65,12 +67,15 @@ class CompletionFlow:
         self.queue = queue
         self.learning = learning
         self.state_refusal = state_refusal
+        self.observer = observer  # None: no access log, no tracing
 
     # -- intake: the request's headers are in (protocol callbacks: no awaits) ---------------
     def on_headers(self, request: Request, route: str) -> None:
         """Account for the request at arrival; raise EarlyResponse to answer it now."""
         ticket, within_limit = self.board.arrive(self.serving.http_retention_limit)
-        request.state = RequestContext(ticket, route, request.arrival, request.headers)
+        ctx = request.state = RequestContext(ticket, route, request.arrival, request.headers)
+        if self.observer is not None:
+            ctx.obs = self.observer.begin(request, ctx.ensure_request_id())
         length = request.headers.get("content-length")
         too_large = (length is not None and length.isdigit()
                      and int(length) > self.serving.max_request_bytes)
@@ -79,18 +84,18 @@ class CompletionFlow:
             code = "retention_full"
         if code is not None:
             ref = Refusal(code)
-            ticket.finish(ref.row.counter or "rejected", code)
+            ctx.finish(ref.row.counter or "rejected", code, ref.status)
             # A body within the limit is read and dropped (the connection stays usable); one
             # declared over it is not waited for: the answer goes out now and the
             # connection closes.
             raise early(ref, close=too_large)
         if too_large:
-            ticket.finish("invalid_requests", "request_too_large")
+            ctx.finish("invalid_requests", "request_too_large", 413)
             raise early(Refusal("request_too_large"), close=True)
 
     def on_body_too_large(self, request: Request) -> EarlyResponse:
         if isinstance(request.state, RequestContext):
-            request.state.ticket.finish("invalid_requests", "request_too_large")
+            request.state.finish("invalid_requests", "request_too_large", 413)
         return early(Refusal("request_too_large"), close=True)
 
     def on_abandon(self, request: Request, *, malformed: bool = False) -> None:
@@ -98,13 +103,14 @@ class CompletionFlow:
         body the HTTP parser rejected (a malformed request, not a cancellation)."""
         if isinstance(request.state, RequestContext):
             if malformed:
-                request.state.ticket.finish("invalid_requests", "invalid_request")
+                request.state.finish("invalid_requests", "invalid_request", 400)
             else:
-                request.state.ticket.finish("cancelled")
+                request.state.finish("cancelled")
 
     # -- the request's journey ---------------------------------------------------------------
     async def run(self, request: Request, responder: Responder, ctx: RequestContext) -> None:
         ticket = ctx.ticket
+        obs = ctx.obs
         outcome: Outcome = ("cancelled", None)
         task = asyncio.current_task()
         if task is not None:
@@ -118,8 +124,12 @@ class CompletionFlow:
             parsed = parse_request(ctx.route, request.body, model=self.names)
             if self.model_boards is not None and parsed.served is not None:
                 model = ModelBoard(self.board, self.model_boards[parsed.served.index])
+            if obs is not None:
+                obs.parsed(parsed)
             ctx.prompt_tokens = await self.sizer.size(parsed)
             ticket.sized(ctx.prompt_tokens)
+            if obs is not None:
+                obs.sized(ctx.prompt_tokens)
             if model is not None:
                 model.ticket.sized(ctx.prompt_tokens)
             deadlines = Deadlines.from_headers(
@@ -132,6 +142,10 @@ class CompletionFlow:
                 placement, waited = await self.queue.place(ticket, deadlines, demand)
             board = self.board if model is None else model
             board.observe("queue_wait", waited)
+            if obs is not None:
+                split = placement.split
+                obs.placed(waited, placement.engine.name,
+                           split.engine.name if split is not None else None)
             relay = Relay(ctx, parsed, placement, responder, deadlines,
                           scheduler=self.scheduler, queue=self.queue, learning=self.learning,
                           board=board)
@@ -147,6 +161,6 @@ class CompletionFlow:
                 raise
             responder.abort()
         finally:
-            ticket.finish(*outcome)
+            ctx.finish(*outcome, responder.status)
             if model is not None:
                 model.ticket.finish(*outcome)

@@ -115,6 +115,9 @@ class Relay:
         self.judging = engine
         self.failure = None
         self.dispatched_at = self.loop.time()
+        obs = self.ctx.obs
+        if obs is not None:  # the attempt carries its own span in traceparent
+            self.headers = obs.attempt_begin(engine.config, self.headers)
 
     async def _attempt(self) -> bool:
         """One engine attempt. True: failed before headers and may be retried."""
@@ -235,6 +238,8 @@ class Relay:
 
     def _first_token(self, now: float) -> None:
         self.first_token_at = now
+        if self.ctx.obs is not None:
+            self.ctx.obs.first_token()
         self.board.observe("ttft", now - self.ctx.arrival)
         placement = self.placement
         self.learning.on_first_token(placement.track, now)
@@ -344,6 +349,8 @@ class Relay:
         engine, self.judging = self.judging, None
         if engine is not None:
             engine.breaker.record(kind)
+            if self.ctx.obs is not None:
+                self.ctx.obs.attempt_end(kind)
 
     def _on_disconnect(self) -> None:
         if self.upstream is not None:
@@ -395,6 +402,8 @@ class Relay:
         tokens = session.output_tokens
         board.observe("output_tokens", float(tokens))
         decode_s = self.last_token_at - self.first_token_at
+        if self.ctx.obs is not None:
+            self.ctx.obs.output(tokens, decode_s)
         if tokens > 1 and decode_s > 0:
             board.observe("tpot", decode_s / (tokens - 1))
         self.learning.on_end(

@@ -39,6 +39,7 @@ class Request:
         "keep_alive",
         "method",
         "path",
+        "peer",
         "query",
         "state",
     )
@@ -55,6 +56,7 @@ class Request:
         self.keep_alive = True
         self.state: Any = None
         self.early: EarlyResponse | None = None
+        self.peer: tuple[Any, ...] | None = None  # the client's address (host, port, ...)
 
 
 class Connection(Protocol):
@@ -80,6 +82,7 @@ class Responder:
         "disconnected",
         "on_disconnect",
         "started",
+        "status",
     )
 
     def __init__(self, conn: Connection, keep_alive: bool):
@@ -90,6 +93,7 @@ class Responder:
         self.complete = False
         self.disconnected = False
         self.on_disconnect: Callable[[], None] | None = None
+        self.status = 0  # the response's status once it has started
 
     # -- whole responses -------------------------------------------------------------------
     def send(
@@ -103,6 +107,7 @@ class Responder:
             raise RuntimeError("response already started")
         self.started = True
         self.complete = True
+        self.status = status
         conn = self._conn
         if self.disconnected:
             conn.exchange_done(self)
@@ -132,6 +137,7 @@ class Responder:
         if self.started:
             raise RuntimeError("response already started")
         self.started = True
+        self.status = status
         parts = [STATUS_LINES[status], b"content-type: ", content_type, b"\r\n"]
         for name, value in headers:
             parts += (name, b": ", value, b"\r\n")

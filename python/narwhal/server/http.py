@@ -13,7 +13,7 @@ import socket
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol, cast
+from typing import Any, Protocol, cast
 
 import httptools
 
@@ -77,6 +77,7 @@ class HttpProtocol(asyncio.Protocol):
         self.limits = server.limits
         # per connection
         self.transport: asyncio.Transport | None = None
+        self.peer: tuple[Any, ...] | None = None
         self.parser = httptools.HttpRequestParser(self)
         self.flow = FlowControl()
         self.pending: deque[Request] = deque()
@@ -98,6 +99,7 @@ class HttpProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass it
         self.transport = transport
+        self.peer = transport.get_extra_info("peername")
         sock = transport.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):
@@ -180,6 +182,7 @@ class HttpProtocol(asyncio.Protocol):
             self.loop.time(),
         )
         request.keep_alive = self.parser.should_keep_alive()
+        request.peer = self.peer
         self.current = request
         try:
             self.app.on_headers(request)

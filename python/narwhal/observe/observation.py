@@ -1,0 +1,323 @@
+"""One completion request as the access log and its trace see it.
+
+The flow calls a few hooks through one ``Observation`` per request (arrival, parsed, sized,
+placed, each engine attempt's beginning and verdict, the first token, the output, the end);
+each hook only records a moment or a number. At the end the observation is written out
+once: an access-log line, and, when the request's trace is sampled, its spans. With both the
+access log and tracing off there is no ``Observer`` and no observation: each hook in the flow
+is one ``is not None`` check.
+
+Moments are ``time.monotonic_ns()``; a span's wall-clock time is its moment plus the
+request's offset between the two clocks, taken once at arrival.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+
+from narwhal.config import EngineConfig
+from narwhal.observe.access_log import AccessLog
+from narwhal.observe.tracecontext import TraceContext, new_span_id
+from narwhal.observe.tracing import Tracer
+from narwhal.request.parse import Parsed
+from narwhal.server.exchange import Request
+
+Headers = Sequence[tuple[bytes, bytes]]
+
+OPERATIONS = {"chat": "chat", "completion": "text_completion"}
+"""Route to ``gen_ai.operation.name`` (the OpenTelemetry GenAI semantic conventions)."""
+MAX_LOGGED_CHARS = 256
+"""Client-chosen values (request id, model) are cut to this many characters in the log."""
+_ERROR_CLASSES = frozenset({"failed", "expired"})
+_NOT_A_FAILURE = frozenset({"ok", "neutral"})
+_TRACE_HEADERS = (b"traceparent", b"tracestate")
+
+
+class Observer:
+    """Per worker process: where finished observations go."""
+
+    def __init__(self, access_log: AccessLog | None, tracer: Tracer | None) -> None:
+        self.access_log = access_log
+        self.tracer = tracer
+
+    def begin(self, request: Request, request_id: str) -> Observation:
+        """A completion request's headers are in; ``request_id`` is the ``X-Request-Id``
+        every engine attempt carries."""
+        tracer = self.tracer
+        trace = tracer.start(request.headers) if tracer is not None else None
+        return Observation(self, request, request_id, trace)
+
+    async def close(self) -> None:
+        """Write out the access log's buffer; export the queued spans (in a thread, bounded)
+        and stop the export thread."""
+        if self.access_log is not None:
+            self.access_log.close()
+        if self.tracer is not None:
+            await asyncio.to_thread(self.tracer.close)
+
+
+class _Attempt:
+    __slots__ = ("end", "engine", "outcome", "span_id", "start")
+
+    def __init__(self, engine: EngineConfig, span_id: int, start: int) -> None:
+        self.engine = engine
+        self.span_id = span_id
+        self.start = start
+        self.end = 0
+        self.outcome = ""
+
+
+class Observation:
+    """The moments and figures of one request's journey, written out once at its end."""
+
+    __slots__ = (
+        "_observer",
+        "attempts",
+        "decode_s",
+        "finished",
+        "first_token_at",
+        "model",
+        "offset",
+        "output_tokens",
+        "parsed_at",
+        "path",
+        "peer",
+        "placed_at",
+        "placed_engines",
+        "prompt_tokens",
+        "queue_wait_s",
+        "request_id",
+        "route",
+        "sized_at",
+        "start",
+        "stream",
+        "trace",
+    )
+
+    def __init__(self, observer: Observer, request: Request, request_id: str,
+                 trace: TraceContext | None) -> None:
+        self._observer = observer
+        self.start = time.monotonic_ns()
+        self.offset = time.time_ns() - self.start
+        self.request_id = request_id
+        self.path = request.path
+        self.peer = request.peer
+        self.trace = trace
+        self.route = ""
+        self.model: str | None = None
+        self.stream: bool | None = None
+        self.parsed_at = self.sized_at = self.placed_at = self.first_token_at = 0
+        self.prompt_tokens: int | None = None
+        self.output_tokens = 0
+        self.decode_s = 0.0
+        self.queue_wait_s: float | None = None
+        self.placed_engines: tuple[str, ...] = ()
+        self.attempts: list[_Attempt] = []
+        self.finished = False
+
+    # -- hooks -------------------------------------------------------------------------------
+    def parsed(self, parsed: Parsed) -> None:
+        self.parsed_at = time.monotonic_ns()
+        self.route = parsed.route
+        self.model = parsed.model[:MAX_LOGGED_CHARS]
+        self.stream = parsed.stream
+
+    def sized(self, prompt_tokens: int) -> None:
+        self.sized_at = time.monotonic_ns()
+        self.prompt_tokens = prompt_tokens
+
+    def placed(self, waited_s: float, engine: str, decode_engine: str | None) -> None:
+        self.placed_at = time.monotonic_ns()
+        self.queue_wait_s = waited_s
+        self.placed_engines = (engine,) if decode_engine is None else (engine, decode_engine)
+
+    def attempt_begin(self, engine: EngineConfig, headers: Headers) -> Headers:
+        """An engine attempt opens: the headers it sends, carrying its span's context in
+        ``traceparent`` while tracing (otherwise ``headers`` unchanged)."""
+        trace = self.trace
+        span_id = new_span_id() if trace is not None else 0
+        self.attempts.append(_Attempt(engine, span_id, time.monotonic_ns()))
+        if trace is None:
+            return headers
+        out = [h for h in headers if h[0] not in _TRACE_HEADERS]
+        out.append((b"traceparent", trace.traceparent(span_id)))
+        if trace.state:
+            out.append((b"tracestate", trace.state.encode("latin-1")))
+        return out
+
+    def attempt_end(self, outcome: str) -> None:
+        """The current attempt's verdict on its engine (``ok``, a failure kind, ``neutral``)."""
+        if self.attempts:
+            attempt = self.attempts[-1]
+            if not attempt.end:
+                attempt.end = time.monotonic_ns()
+                attempt.outcome = outcome
+
+    def first_token(self) -> None:
+        if not self.first_token_at:
+            self.first_token_at = time.monotonic_ns()
+
+    def output(self, tokens: int, decode_s: float) -> None:
+        self.output_tokens = tokens
+        self.decode_s = decode_s
+
+    def finish(self, cls: str, reason: str | None, status: int) -> None:
+        """The request's one counted outcome: write it out."""
+        if self.finished:
+            return
+        self.finished = True
+        end = time.monotonic_ns()
+        observer = self._observer
+        if observer.access_log is not None:
+            observer.access_log.write(self._record(cls, reason, status, end))
+        tracer = observer.tracer
+        if tracer is not None and self.trace is not None and self.trace.sampled:
+            self._spans(tracer, self.trace, cls, reason, status, end)
+
+    # -- figures -----------------------------------------------------------------------------
+    def _seconds(self, since: int, until: int) -> float | None:
+        return (until - since) / 1e9 if since and until else None
+
+    def ttft_s(self) -> float | None:
+        return self._seconds(self.start, self.first_token_at)
+
+    def tpot_s(self) -> float | None:
+        tokens = self.output_tokens
+        return self.decode_s / (tokens - 1) if tokens > 1 and self.decode_s > 0 else None
+
+    def engines(self) -> list[str]:
+        """Every engine an attempt went to, in order (one entry per attempt)."""
+        return [a.engine.name for a in self.attempts] or list(self.placed_engines)
+
+    def client(self) -> str | None:
+        peer = self.peer
+        if not peer:
+            return None
+        host, port = peer[0], peer[1]
+        return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+
+    def _record(self, cls: str, reason: str | None, status: int,
+                end: int) -> dict[str, object]:
+        log = self._observer.access_log
+        assert log is not None
+        record: dict[str, object] = {
+            "time": log.clock.format(end + self.offset),
+            "request_id": self.request_id[:MAX_LOGGED_CHARS],
+            "client": self.client(),
+            "route": self.path,
+            "model": self.model,
+            "stream": self.stream,
+            "status": status or None,
+            "outcome": cls,
+            "reason": reason,
+            "engines": self.engines(),
+            "attempts": len(self.attempts),
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
+            "queue_wait_s": self.queue_wait_s,
+            "ttft_s": self.ttft_s(),
+            "tpot_s": self.tpot_s(),
+            "total_s": (end - self.start) / 1e9,
+        }
+        if self.trace is not None:
+            record["trace_id"] = f"{self.trace.trace_id:032x}"
+        return record
+
+    # -- spans -------------------------------------------------------------------------------
+    def _spans(self, tracer: Tracer, trace: TraceContext, cls: str, reason: str | None,
+               status: int, end: int) -> None:
+        """The server span and its children: sizing, admission wait, placement, attempts."""
+        off = self.offset
+        root = trace.span_id
+        operation = OPERATIONS.get(self.route, "")
+        model = self.model
+        gen_ai: dict[str, str] = {}
+        if model is not None:
+            gen_ai = {"gen_ai.operation.name": operation, "gen_ai.request.model": model}
+        if self.parsed_at:
+            sized = self.sized_at or end
+            tracer.span(trace, "narwhal.sizing", "internal", new_span_id(), root,
+                        self.parsed_at + off, sized + off,
+                        {"gen_ai.usage.input_tokens": self.prompt_tokens or 0})
+        if self.sized_at:
+            placed = self.placed_at or end
+            attributes: dict[str, float] = {}
+            if self.queue_wait_s is not None:
+                attributes["narwhal.queue_wait_s"] = self.queue_wait_s
+            tracer.span(trace, "narwhal.admission_wait", "internal", new_span_id(), root,
+                        self.sized_at + off, placed + off, attributes,
+                        error=reason if not self.placed_at and reason else None)
+        attempts = self.attempts
+        if self.placed_at:
+            until = attempts[0].start if attempts else end
+            placement: dict[str, str] = {"narwhal.engine": self.placed_engines[0]}
+            if len(self.placed_engines) > 1:
+                placement["narwhal.decode_engine"] = self.placed_engines[1]
+            tracer.span(trace, "narwhal.placement", "internal", new_span_id(), root,
+                        self.placed_at + off, until + off, placement)
+        for index, attempt in enumerate(attempts, 1):
+            outcome = attempt.outcome or "unjudged"
+            engine = attempt.engine
+            attributes_a: dict[str, str | int] = {
+                **gen_ai,
+                "server.address": engine.host,
+                "server.port": engine.port,
+                "narwhal.engine": engine.name,
+                "narwhal.engine.role": engine.role,
+                "narwhal.attempt": index,
+                "narwhal.attempt.outcome": outcome,
+            }
+            failed = outcome not in _NOT_A_FAILURE
+            if failed:
+                attributes_a["error.type"] = outcome
+            tracer.span(trace, f"{operation} {model}" if gen_ai else "narwhal.attempt",
+                        "client", attempt.span_id, root, attempt.start + off,
+                        (attempt.end or end) + off, attributes_a,
+                        error=outcome if failed else None)
+        error = (reason or cls) if cls in _ERROR_CLASSES or status >= 500 else None
+        tracer.span(trace, f"{operation} {model}" if gen_ai else f"POST {self.path}", "server",
+                    root, trace.parent_id, self.start + off, end + off,
+                    self._server_attributes(gen_ai, cls, reason, status, error),
+                    events=(("first_token", self.first_token_at + off),)
+                    if self.first_token_at else (),
+                    error=error)
+
+    def _server_attributes(
+        self, gen_ai: dict[str, str], cls: str, reason: str | None, status: int,
+        error: str | None,
+    ) -> dict[str, str | int | float | bool | list[str]]:
+        attributes: dict[str, str | int | float | bool | list[str]] = {
+            **gen_ai,
+            "http.request.method": "POST",
+            "http.route": self.path,
+            "narwhal.request_id": self.request_id,
+            "narwhal.outcome": cls,
+            "narwhal.attempts": len(self.attempts),
+        }
+        if status:
+            attributes["http.response.status_code"] = status
+        client = self.peer
+        if client:
+            attributes["client.address"] = str(client[0])
+        if reason is not None:
+            attributes["narwhal.reason"] = reason
+        if error is not None:
+            attributes["error.type"] = error
+        if self.prompt_tokens is not None:
+            attributes["gen_ai.usage.input_tokens"] = self.prompt_tokens
+        if gen_ai:
+            attributes["gen_ai.usage.output_tokens"] = self.output_tokens
+        if self.stream is not None:
+            attributes["narwhal.stream"] = self.stream
+        engines = self.engines()
+        if engines:
+            attributes["narwhal.engines"] = engines
+            legs = len({a.engine.role for a in self.attempts})
+            attributes["narwhal.retries"] = len(self.attempts) - legs
+        for key, value in (("narwhal.queue_wait_s", self.queue_wait_s),
+                           ("narwhal.ttft_s", self.ttft_s()), ("narwhal.tpot_s", self.tpot_s())):
+            if value is not None:
+                attributes[key] = value
+        return attributes
