@@ -316,8 +316,7 @@ def test_model_boards_add_labelled_samples_beside_the_totals() -> None:
         for t in (ticket, model_ticket):
             t.sized(5)
             t.finish(cls, reason)
-        for b in (board, model_board):
-            b.observe("ttft", 0.1)
+        model_board.observe("ttft", 0.1)  # latencies go to the model's board only
     ticket, _ = board.arrive(10)  # a request without a model (a 404): totals only
     ticket.finish("invalid_requests", "model_not_found")
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
@@ -332,8 +331,16 @@ def test_model_boards_add_labelled_samples_beside_the_totals() -> None:
     assert ("narwhal_invalid_requests_total", (("model", LLAMA), ("reason", "model_not_found"))
             ) not in samples
     assert samples[("narwhal_retained_requests", (("model", QWEN),))] == 0
-    assert samples[("narwhal_ttft_seconds_count", ())] == 2
+    board.observe("ttft", 0.3)  # a request without a model board (none in practice)
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(render(registry).decode())
+               for s in family.samples}
+    assert samples[("narwhal_ttft_seconds_count", ())] == 3  # the sum of every board
+    assert samples[("narwhal_ttft_seconds_sum", ())] == pytest.approx(0.5)
     assert samples[("narwhal_ttft_seconds_count", (("model", LLAMA),))] == 1
+    assert samples[("narwhal_ttft_seconds_bucket", (("le", "0.1"), ("model", QWEN)))] == 1
+    assert samples[("narwhal_ttft_seconds_bucket", (("le", "0.2"),))] == 2
+    assert samples[("narwhal_e2e_seconds_count", (("model", LLAMA),))] == 0
     assert ("narwhal_queued_requests", (("model", LLAMA),)) not in samples  # not per model
 
 

@@ -120,9 +120,9 @@ def prompt_texts(parsed: Parsed) -> Iterator[str]:
 class EngineSizer:
     """Asks an engine's ``/tokenize`` (vLLM and SGLang have it) for the exact prompt count.
 
-    Engines are asked in turn among those serving the request's model; any failure, a timeout or a prompt shape
-    ``/tokenize`` cannot take (a list of prompts) falls back to the estimate, so sizing never
-    blocks a request for longer than ``timeout_s``.
+    Engines are asked in turn among those serving the request's model; any failure, a
+    timeout or a prompt shape ``/tokenize`` cannot take (a list of prompts) falls back to the
+    estimate, so sizing never blocks a request for longer than ``timeout_s``.
     """
 
     DIALECTS = frozenset({"vllm", "sglang"})

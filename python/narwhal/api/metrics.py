@@ -98,7 +98,8 @@ MODEL_COUNTERS = frozenset({"offered", "unsized_offered", "offered_prompt_tokens
                             "completed"})
 MODEL_GAUGES = frozenset({"retained"})
 """Board families that also carry a sample per model (``model`` label) when the
-configuration uses ``models``: request outcomes, what the invariant needs, the latencies."""
+configuration uses ``models``: request outcomes, what the invariant needs, and (every
+histogram) the latencies."""
 
 ModelSnapshots = Sequence[tuple[str, dict[str, Any]]]
 """(model name, its board's snapshot), per configured model."""
@@ -169,12 +170,26 @@ def _families(snapshot: dict[str, Any], engine_names: Sequence[str],
     yield up
     for family in HISTOGRAMS:
         out = HistogramMetricFamily(family.name, family.help, labels=[MODEL])
-        for labels, snap in ([], snapshot), *(([m], snap) for m, snap in models):
-            histogram = snap.get("histograms", {}).get(family.key)
-            if histogram is not None:
+        # With model boards, a request's latencies go to its model's board only: the
+        # unlabelled histogram is their sum (and the main board's, which holds the rest).
+        found = [(m, snap["histograms"][family.key]) for m, snap in [("", snapshot), *models]
+                 if family.key in snap.get("histograms", {})]
+        if found:
+            total = _sum_histograms([histogram for _, histogram in found])
+            for labels, histogram in ([], total), *(([m], h) for m, h in found if m):
                 buckets = [(_le(le), count) for le, count in histogram["buckets"]]
                 out.add_metric(labels, buckets, histogram["sum"])
         yield out
+
+
+def _sum_histograms(histograms: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Histograms of the same buckets added up."""
+    if len(histograms) == 1:
+        return histograms[0]
+    first = histograms[0]["buckets"]
+    counts = [sum(h["buckets"][i][1] for h in histograms) for i in range(len(first))]
+    return {"buckets": [(le, count) for (le, _), count in zip(first, counts, strict=True)],
+            "sum": sum(h["sum"] for h in histograms)}
 
 
 def build_registry(

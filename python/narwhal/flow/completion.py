@@ -18,7 +18,7 @@ from narwhal.admission.sizing import Sizer
 from narwhal.config import Config
 from narwhal.errors import Refusal
 from narwhal.flow.attempt import Outcome
-from narwhal.flow.context import ModelBoard, RequestContext
+from narwhal.flow.context import UNLIMITED, RequestContext
 from narwhal.flow.relay import Relay
 from narwhal.learning import Learning
 from narwhal.observe import Observer
@@ -119,19 +119,22 @@ class CompletionFlow:
                 task.cancel()
 
             responder.on_disconnect = cancel_wait
-        model: ModelBoard | None = None
+        board, model_ticket = self.board, None
         try:
             parsed = parse_request(ctx.route, request.body, model=self.names)
             if self.model_boards is not None and parsed.served is not None:
-                model = ModelBoard(self.board, self.model_boards[parsed.served.index])
+                # Per-model metrics: the request also arrives (and finishes) on its model's
+                # board, where its latencies go (the collector sums them for the totals).
+                board = self.model_boards[parsed.served.index]
+                model_ticket = board.arrive(UNLIMITED)[0]
             if obs is not None:
                 obs.parsed(parsed)
             ctx.prompt_tokens = await self.sizer.size(parsed)
             ticket.sized(ctx.prompt_tokens)
             if obs is not None:
                 obs.sized(ctx.prompt_tokens)
-            if model is not None:
-                model.ticket.sized(ctx.prompt_tokens)
+            if model_ticket is not None:
+                model_ticket.sized(ctx.prompt_tokens)
             deadlines = Deadlines.from_headers(
                 request.headers, ctx.arrival, self.serving.request_timeout_s
             )
@@ -140,7 +143,6 @@ class CompletionFlow:
                 raise Refusal("backend_unavailable")
             with demand:
                 placement, waited = await self.queue.place(ticket, deadlines, demand)
-            board = self.board if model is None else model
             board.observe("queue_wait", waited)
             if obs is not None:
                 split = placement.split
@@ -162,5 +164,5 @@ class CompletionFlow:
             responder.abort()
         finally:
             ctx.finish(*outcome, responder.status)
-            if model is not None:
-                model.ticket.finish(*outcome)
+            if model_ticket is not None:
+                model_ticket.finish(*outcome)

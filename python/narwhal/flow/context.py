@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import secrets
-from typing import Protocol
 
-from narwhal._narwhal_fast import Board, Ticket
+from narwhal._narwhal_fast import Ticket
 from narwhal.observe import Observation
 
 UNLIMITED = 2**62
-"""A model board's retention limit: the main board alone enforces the router's."""
+"""A model board's retention limit (per-model metrics): the main board alone enforces the
+router's ``serving.http_retention_limit``."""
 
 _FORWARDED = (("x-request-id", b"x-request-id"), ("traceparent", b"traceparent"),
               ("tracestate", b"tracestate"))
@@ -52,25 +52,3 @@ class RequestContext:
             rid = self.headers["x-request-id"] = secrets.token_hex(8)
         return rid
 
-
-class LatencySink(Protocol):
-    """Where a request's latencies go: the board, or the board and its model's."""
-
-    def observe(self, histogram: str, value: float) -> None: ...
-
-
-class ModelBoard:
-    """Per-model accounting of one request: a second ticket, on its model's board (every
-    request with a model arrives and finishes there too), and its latencies observed on both
-    boards. The main board's ticket keeps the unlabelled totals."""
-
-    __slots__ = ("board", "main", "ticket")
-
-    def __init__(self, main: Board, board: Board) -> None:
-        self.main = main
-        self.board = board
-        self.ticket = board.arrive(UNLIMITED)[0]
-
-    def observe(self, histogram: str, value: float) -> None:
-        self.main.observe(histogram, value)
-        self.board.observe(histogram, value)

@@ -16,13 +16,13 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from narwhal._narwhal_fast import StreamSession
+from narwhal._narwhal_fast import Board, StreamSession
 from narwhal.admission.gate import AdmissionQueue
 from narwhal.errors import Refusal
 from narwhal.fleet.engine import Engine
 from narwhal.fleet.outlier import kind_for_code
 from narwhal.flow.attempt import CANCELLED, Ended, Outcome, Retry, dispatch
-from narwhal.flow.context import LatencySink, RequestContext
+from narwhal.flow.context import RequestContext
 from narwhal.flow.prefill import prefill_leg
 from narwhal.learning import Learning
 from narwhal.request.deadlines import Deadlines
@@ -54,7 +54,7 @@ class Relay:
         scheduler: Scheduler,
         queue: AdmissionQueue,
         learning: Learning,
-        board: LatencySink,
+        board: Board,
     ):
         self.ctx = ctx
         self.parsed = parsed
