@@ -172,6 +172,10 @@ class StreamSession:
     @property
     def engine_usage_completion_tokens(self) -> int | None: ...
     @property
+    def engine_prompt_tokens(self) -> int | None:
+        """The prompt's length as the engine counted it: the first prompt_token_ids list
+        seen, or usage.prompt_tokens (which wins); None until the engine said."""
+    @property
     def events(self) -> int:
         """Events accepted so far, not counting [DONE]."""
     @property

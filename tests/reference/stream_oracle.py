@@ -237,6 +237,7 @@ class StreamSession:
         self.engine_error: bytes | None = None
         self.engine_error_message: str | None = None
         self.engine_usage_completion_tokens: int | None = None
+        self.engine_prompt_tokens: int | None = None  # the first prompt ID list, or usage
         self.events = self.ids_total = self.output_events = 0
         self.out = bytearray()
         self.held = b""  # drop_usage: the last finish event, waiting for a fingerprint
@@ -295,7 +296,7 @@ class StreamSession:
                 self.out += sse(payload)
             self.events += 1
             return
-        ids, carrying = self.check_ids(ev)
+        ids, carrying, prompt = self.check_ids(ev)
         usage = ev.get("usage") or {}
         completion_tokens = usage.get("completion_tokens")
         if completion_tokens is not None and not is_uint(completion_tokens):
@@ -313,10 +314,16 @@ class StreamSession:
         self.read_count += ids if self.require else int(carrying)
         if completion_tokens is not None:
             self.engine_usage_completion_tokens = completion_tokens
+        if self.engine_prompt_tokens is None:
+            self.engine_prompt_tokens = prompt
+        if is_uint(usage.get("prompt_tokens")):
+            self.engine_prompt_tokens = usage["prompt_tokens"]
 
-    def check_ids(self, ev: dict[str, Any]) -> tuple[int, bool]:
+    def check_ids(self, ev: dict[str, Any]) -> tuple[int, bool, int | None]:
+        """(IDs, the event carries output, the length of its first prompt ID list)."""
+        prompt = None
         if ev.get("prompt_token_ids") is not None:
-            validate_ids(ev["prompt_token_ids"], "prompt_token_ids")
+            prompt = validate_ids(ev["prompt_token_ids"], "prompt_token_ids")
         ids, carrying = 0, False
         for c in ev.get("choices") or []:
             out = carries_output(c) and not (self.echo_open and is_echo_chunk(c))
@@ -328,10 +335,11 @@ class StreamSession:
                     "an event carrying generated output has no token_ids (missing or null)"
                 )
             if c.get("prompt_token_ids") is not None:
-                validate_ids(c["prompt_token_ids"], "prompt_token_ids")
+                count = validate_ids(c["prompt_token_ids"], "prompt_token_ids")
+                prompt = count if prompt is None else prompt
         if carrying:
             self.echo_open = False
-        return ids, carrying
+        return ids, carrying, prompt
 
     def expose_event(self, payload: bytes, ev: dict[str, Any]) -> None:
         if self.drop_usage:

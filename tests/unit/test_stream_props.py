@@ -309,6 +309,7 @@ def run(cls: Any, route: str, opts: dict[str, Any], reads: list[bytes]) -> dict[
         "output_tokens": s.output_tokens,
         "engine_error": s.engine_error,
         "usage_tokens": s.engine_usage_completion_tokens,
+        "prompt_tokens": s.engine_prompt_tokens,
         "started": s.started,
     }
     if opts["assemble"]:

@@ -404,6 +404,8 @@ impl<'de> Deserialize<'de> for Delta<'de> {
 pub struct UsageInfo {
     /// `completion_tokens`, when present and not null.
     pub completion_tokens: Option<u64>,
+    /// `prompt_tokens`, when present and a nonnegative integer (informational: never fails).
+    pub prompt_tokens: Option<u64>,
     pub has_prompt_tokens_details: bool,
     pub has_completion_tokens_details: bool,
     /// The object has at least one key.
@@ -415,17 +417,19 @@ pub struct UsageInfo {
 pub fn parse_usage(raw: &RawValue) -> Result<UsageInfo, StreamError> {
     struct V;
     impl<'de> Visitor<'de> for V {
-        type Value = (UsageInfo, Option<Raw<'de>>);
+        type Value = (UsageInfo, Option<Raw<'de>>, Option<Raw<'de>>);
         fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
             f.write_str("usage as an object")
         }
         fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
             let mut u = UsageInfo::default();
             let mut ct = None;
+            let mut pt = None;
             while let Some(Key(k)) = map.next_key::<Key<'de>>()? {
                 u.any_key = true;
                 match &*k {
                     "completion_tokens" => ct = next_raw(&mut map)?,
+                    "prompt_tokens" => pt = next_raw(&mut map)?,
                     "prompt_tokens_details" => {
                         u.has_prompt_tokens_details = true;
                         map.next_value::<IgnoredAny>()?;
@@ -439,11 +443,11 @@ pub fn parse_usage(raw: &RawValue) -> Result<UsageInfo, StreamError> {
                     }
                 }
             }
-            Ok((u, ct))
+            Ok((u, ct, pt))
         }
     }
     let mut de = serde_json::Deserializer::from_str(raw.get());
-    let (mut info, ct) = de::Deserializer::deserialize_map(&mut de, V)
+    let (mut info, ct, pt) = de::Deserializer::deserialize_map(&mut de, V)
         .map_err(|e| StreamError::malformed(format!("usage is not valid: {e}")))?;
     if let Some(r) = ct {
         info.completion_tokens = Some(as_u64(r).ok_or_else(|| {
@@ -453,6 +457,7 @@ pub fn parse_usage(raw: &RawValue) -> Result<UsageInfo, StreamError> {
             ))
         })?);
     }
+    info.prompt_tokens = pt.and_then(as_u64);
     Ok(info)
 }
 

@@ -83,6 +83,9 @@ struct Core {
     ids_total: u64,
     output_events: u64,
     usage_completion_tokens: Option<u64>,
+    /// The prompt's length as the engine counted it: its `prompt_token_ids` (the first
+    /// list seen) or its usage's `prompt_tokens` (which wins: it covers every prompt).
+    engine_prompt_tokens: Option<u64>,
     events: u64,
     read_count: u64,
     out: Vec<u8>,
@@ -123,6 +126,7 @@ impl StreamSession {
                 ids_total: 0,
                 output_events: 0,
                 usage_completion_tokens: None,
+                engine_prompt_tokens: None,
                 events: 0,
                 read_count: 0,
                 out: Vec::with_capacity(1024),
@@ -175,6 +179,12 @@ impl StreamSession {
     /// `completion_tokens` of the last engine usage object, if any.
     pub fn engine_usage_completion_tokens(&self) -> Option<u64> {
         self.core.usage_completion_tokens
+    }
+
+    /// The prompt's length as the engine counted it (`prompt_token_ids` or usage), if it
+    /// said; feeds the sizing estimate's calibration.
+    pub fn engine_prompt_tokens(&self) -> Option<u64> {
+        self.core.engine_prompt_tokens
     }
 
     /// Output length: the engine's usage when it sent one, else validated IDs (or events
@@ -268,7 +278,7 @@ impl Core {
             self.events += 1;
             return Ok(());
         }
-        let (ids, carrying) = self.check_ids(&ev)?;
+        let (ids, carrying, prompt) = self.check_ids(&ev)?;
         let usage = ev.usage.map(parse_usage).transpose()?;
         match &mut self.assembler {
             Some(asm) => {
@@ -277,14 +287,16 @@ impl Core {
             }
             None => self.expose(payload, &ev, lines),
         }
-        self.commit(ids, carrying, usage);
+        self.commit(ids, carrying, prompt, usage);
         Ok(())
     }
 
-    /// Validate every ID list of the event; returns (IDs, event carries generated output).
-    fn check_ids(&mut self, ev: &Event<'_>) -> Result<(u64, bool), StreamError> {
+    /// Validate every ID list of the event; returns (IDs, event carries generated output,
+    /// length of the first prompt ID list).
+    fn check_ids(&mut self, ev: &Event<'_>) -> Result<(u64, bool, Option<u64>), StreamError> {
+        let mut prompt = None;
         if let Some(r) = ev.prompt_token_ids {
-            token_ids::validate(r, "prompt_token_ids")?;
+            prompt = Some(token_ids::validate(r, "prompt_token_ids")?.count);
         }
         let mut ids = 0;
         let mut carrying = false;
@@ -305,11 +317,12 @@ impl Core {
                 None => {}
             }
             if let Some(r) = c.prompt_token_ids {
-                token_ids::validate(r, "prompt_token_ids")?;
+                let count = token_ids::validate(r, "prompt_token_ids")?.count;
+                prompt.get_or_insert(count);
             }
         }
         self.echo_open &= !carrying;
-        Ok((ids, carrying))
+        Ok((ids, carrying, prompt))
     }
 
     fn expose(&mut self, payload: &[u8], ev: &Event<'_>, lines: u32) {
@@ -349,8 +362,11 @@ impl Core {
         }
     }
 
-    fn commit(&mut self, ids: u64, carrying: bool, usage: Option<UsageInfo>) {
+    fn commit(&mut self, ids: u64, carrying: bool, prompt: Option<u64>, usage: Option<UsageInfo>) {
         self.events += 1;
+        if let Some(n) = prompt {
+            self.engine_prompt_tokens.get_or_insert(n);
+        }
         self.ids_total += ids;
         self.output_events += u64::from(carrying);
         self.read_count += if self.opts.require_token_ids {
@@ -358,8 +374,13 @@ impl Core {
         } else {
             u64::from(carrying)
         };
-        if let Some(n) = usage.and_then(|u| u.completion_tokens) {
-            self.usage_completion_tokens = Some(n);
+        if let Some(u) = usage {
+            if let Some(n) = u.completion_tokens {
+                self.usage_completion_tokens = Some(n);
+            }
+            if let Some(n) = u.prompt_tokens {
+                self.engine_prompt_tokens = Some(n);
+            }
         }
     }
 }
@@ -681,5 +702,20 @@ mod tests {
         s.feed(&sse(&[finish]));
         let (out, _, state) = s.feed(b"data: {x\n\n");
         assert!(out.starts_with(b"data: {\"choices\"") && state == State::Failed);
+    }
+
+    #[test]
+    fn the_engines_prompt_count_comes_from_its_ids_then_its_usage() {
+        let mut s = session(false, false, true);
+        assert_eq!(s.engine_prompt_tokens(), None);
+        s.feed(format!("data: {ROLE}\n\n").as_bytes());
+        assert_eq!(s.engine_prompt_tokens(), Some(2));
+        let usage = r#"{"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":0}}"#;
+        s.feed(format!("data: {usage}\n\n").as_bytes());
+        assert_eq!(
+            s.engine_prompt_tokens(),
+            Some(7),
+            "usage covers every prompt"
+        );
     }
 }

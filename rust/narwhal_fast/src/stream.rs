@@ -98,6 +98,11 @@ impl PyStreamSession {
     }
 
     #[getter]
+    fn engine_prompt_tokens(&self) -> Option<u64> {
+        self.inner.engine_prompt_tokens()
+    }
+
+    #[getter]
     fn events(&self) -> u64 {
         self.inner.events()
     }

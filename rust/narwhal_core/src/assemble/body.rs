@@ -404,6 +404,7 @@ mod tests {
         use crate::delta::UsageInfo;
         let info = |p, c, any| UsageInfo {
             completion_tokens: None,
+            prompt_tokens: None,
             has_prompt_tokens_details: p,
             has_completion_tokens_details: c,
             any_key: any,
