@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -388,6 +389,73 @@ def test_one_access_log_line_per_counted_outcome(traced: Fleet) -> None:
     assert len(lines) == offered
     assert len({x["request_id"] for x in lines}) == len(lines)
     assert access_line(traced.log, "obs-count-bad")["reason"] == "invalid_json"
+
+
+DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "narwhal.json"
+
+
+def _queries(node: Any) -> Iterator[str]:
+    """Every PromQL string of the dashboard: panel targets and template variable queries."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if isinstance(value, str) and (key in ("expr", "definition")
+                                           or (key == "query" and "narwhal_" in value)):
+                yield value
+            else:
+                yield from _queries(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _queries(item)
+
+
+def _exposed(text: str) -> tuple[set[str], dict[str, set[str]]]:
+    """Every series name /metrics exposes (a histogram family as _bucket, _sum, _count; a
+    family without samples yet by its TYPE line), and the labels of those with samples."""
+    names: set[str] = set()
+    labels: dict[str, set[str]] = {}
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split()
+            suffixes = ("_bucket", "_sum", "_count") if kind == "histogram" else ("",)
+            names.update(name + suffix for suffix in suffixes)
+        elif line and not line.startswith("#"):
+            name, _, rest = line.rsplit(" ", 1)[0].partition("{")
+            names.add(name)
+            labels.setdefault(name, set()).update(
+                pair.split("=", 1)[0] for pair in rest.rstrip("}").split(",") if pair)
+    return names, labels
+
+
+def test_the_dashboard_queries_only_what_the_router_exposes(traced: Fleet) -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    queries = list(_queries(dashboard))
+    assert len(queries) > 20
+    _, _, raw = http(traced.base, "GET", "/metrics")
+    exposed, labelled = _exposed(raw.decode())
+    used = {m for q in queries for m in re.findall(r"\bnarwhal_[a-z0-9_]+", q)}
+    assert used - exposed == set(), "the dashboard queries metrics /metrics lacks"
+    # every family the issue names is on the dashboard
+    for family in ("narwhal_offered_total", "narwhal_completed_total", "narwhal_rejected_total",
+                   "narwhal_refused_total", "narwhal_retained_requests",
+                   "narwhal_ttft_seconds_bucket", "narwhal_tpot_seconds_bucket",
+                   "narwhal_queue_wait_seconds_bucket", "narwhal_engine_inflight",
+                   "narwhal_engine_up", "narwhal_engine_ejected", "narwhal_engine_drift",
+                   "narwhal_engine_learned_tpot_seconds"):
+        assert family in used, family
+    # The labels a query selects or groups by are ones its series carry (Prometheus adds
+    # instance and job; model marks per-model samples), where the router has samples to tell.
+    checked = 0
+    for query in queries:
+        metrics = set(re.findall(r"\bnarwhal_[a-z0-9_]+", query))
+        if not all(m in labelled for m in metrics):
+            continue
+        known = set().union(*(labelled[m] for m in metrics)) | {"instance", "job", "model"}
+        labels = set(re.findall(r"([a-z_]+)=~?\"", query))
+        for group in re.findall(r"by \(([^)]*)\)", query):
+            labels |= {x.strip() for x in group.split(",")}
+        assert labels <= known, (query, labels - known)
+        checked += 1
+    assert checked > 20
 
 
 # -- tracing off: pass-through; two workers: one line per request -----------------------------
