@@ -134,7 +134,9 @@ class StreamSession:
     still validated and counted. echo: the client sent echo true; chat: vLLM's echo chunk
     (prompt text right after the role chunk, no IDs) is accepted without IDs and not
     counted, and the assembled content is never null; completions: the echo chunk's
-    prompt_token_ids, which vLLM sends even when not asked, are kept.
+    prompt_token_ids, which vLLM sends even when not asked, are kept. model: the name the
+    client sent (an alias): the top-level model of every event, where it names another
+    model, and of the assembled body becomes it (None: as the engine sent it).
     """
 
     def __new__(
@@ -148,6 +150,7 @@ class StreamSession:
         prompt_tokens: int = 0,
         strip_reasoning: bool = False,
         echo: bool = False,
+        model: str | None = None,
     ) -> StreamSession: ...
     def feed(self, data: bytes) -> tuple[bytes, int, int]:
         """One engine read (de-chunked body bytes, any split). Returns (bytes to write to

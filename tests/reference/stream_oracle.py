@@ -218,6 +218,7 @@ class StreamSession:
         prompt_tokens: int = 0,
         strip_reasoning: bool = False,
         echo: bool = False,
+        model: str | None = None,
     ) -> None:
         if route not in ("chat", "completion"):
             raise ValueError(f'route must be "chat" or "completion", got {route!r}')
@@ -232,6 +233,9 @@ class StreamSession:
             if assemble
             else None
         )
+        self.model = model  # the client's name for the model: every `model` reads it
+        if self.asm is not None and model is not None:
+            self.asm.meta["model"] = model
         self.state = OPEN
         self.failure: tuple[str, str] | None = None
         self.engine_error: bytes | None = None
@@ -361,11 +365,14 @@ class StreamSession:
 
     def exposed(self, payload: bytes, ev: dict[str, Any]) -> bytes:
         """The event as the client sees it (b"" when it would not have had it)."""
+        renamed = self.model is not None and ev.get("model") not in (None, self.model)
+        if renamed:
+            ev["model"] = self.model
         if self.strip:
             if is_emptied_by_strip(ev):
                 return b""
         elif self.expose:
-            return sse(payload)
+            return sse(dumps(ev) if renamed else payload)
         elif self.chat and is_id_only(ev):
             return b""
         nulled = ["token_ids"]
@@ -373,7 +380,7 @@ class StreamSession:
             nulled.append("logprobs")
         if not self.expose and (self.chat or not self.echo):
             nulled.append("prompt_token_ids")  # completions echo: vLLM sends them unasked
-        rewrite = False
+        rewrite = renamed
         if not self.expose and ev.get("prompt_token_ids") is not None:
             ev["prompt_token_ids"], rewrite = None, True
         for c in ev.get("choices") or []:

@@ -8,7 +8,9 @@ from typing import Any
 import orjson
 import pytest
 
+from narwhal.config import parse_config
 from narwhal.request.engine_body import engine_request
+from narwhal.request.models import Catalog
 from narwhal.request.parse import Parsed, parse_request
 
 MODEL = "m"
@@ -22,16 +24,17 @@ def parsed(route: str = "chat", **fields: Any) -> Parsed:
     return parse_request(route, orjson.dumps(base | fields), model=MODEL)
 
 
-def ask(p: Parsed, token_ids: bool = True) -> tuple[dict[str, Any], dict[str, bool]]:
+def ask(p: Parsed, token_ids: bool = True) -> tuple[dict[str, Any], dict[str, Any]]:
     """(the body the engine gets, the session options)."""
     req = engine_request(p, token_ids=token_ids)
     return orjson.loads(req.body), dict(req.session)
 
 
 def options(drop_usage: bool = False, require_token_ids: bool = True,
-            strip_reasoning: bool = False, echo: bool = False) -> dict[str, bool]:
+            strip_reasoning: bool = False, echo: bool = False,
+            model: str | None = None) -> dict[str, Any]:
     return {"drop_usage": drop_usage, "require_token_ids": require_token_ids,
-            "strip_reasoning": strip_reasoning, "echo": echo}
+            "strip_reasoning": strip_reasoning, "echo": echo, "model": model}
 
 
 def test_plain_requests_ask_for_ids_only_where_the_engine_returns_them() -> None:
@@ -96,3 +99,22 @@ def test_chat_echo_keeps_ids() -> None:
     body, session = ask(parsed(messages=[*MSG, {"role": "assistant", "content": "Once"}],
                                echo=True))
     assert body["return_token_ids"] is True and session == options(echo=True)
+
+
+def test_an_alias_goes_to_the_engine_as_the_model_and_comes_back_as_sent() -> None:
+    config = parse_config({
+        "models": [{"name": MODEL, "aliases": ["short"]}, {"name": "other"}],
+        "engines": [{"name": "a", "url": "http://h:1"}]})
+    names = Catalog(config).names
+    raw = orjson.dumps({"model": "short", "messages": MSG})
+    body, session = ask(parse_request("chat", raw, model=names))
+    assert body["model"] == MODEL and session == options(model="short")
+    # with several models an engine may answer with another of its names: renamed too
+    body, session = ask(parse_request("chat", orjson.dumps({"model": "other", "messages": MSG}),
+                                      model=names))
+    assert body["model"] == "other" and session == options(model="other")
+    single = Catalog(parse_config({"model": MODEL,
+                                   "engines": [{"name": "a", "url": "http://h:1"}]}))
+    _, session = ask(parse_request("chat", orjson.dumps({"model": MODEL, "messages": MSG}),
+                                   model=single.names))
+    assert session == options()  # one model: the engine's own answer, no rename

@@ -40,6 +40,8 @@ OPTIONS = st.fixed_dictionaries(
         "prompt_tokens": st.integers(0, 10_000),
         "strip_reasoning": st.booleans(),
         "echo": st.booleans(),
+        # the client's name for the model (an alias): "m" is the engine's own
+        "model": st.one_of(st.none(), st.sampled_from(["m", "llama-8b"]), TEXT),
     }
 )
 

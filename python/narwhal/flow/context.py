@@ -51,4 +51,3 @@ class RequestContext:
         if not rid:
             rid = self.headers["x-request-id"] = secrets.token_hex(8)
         return rid
-

@@ -51,6 +51,7 @@ class SessionOptions(TypedDict):
     require_token_ids: bool
     strip_reasoning: bool
     echo: bool
+    model: str | None  # the client's name for the model, every answer's `model`
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +96,8 @@ def engine_request(parsed: Parsed, *, token_ids: bool,
     strip = ids and not parsed.include_reasoning
     body, drop_usage = _body(parsed, ids, strip, kv_params)
     return EngineRequest(body, {"drop_usage": drop_usage, "require_token_ids": ids,
-                                "strip_reasoning": strip, "echo": parsed.echo})
+                                "strip_reasoning": strip, "echo": parsed.echo,
+                                "model": parsed.answer_model})
 
 
 def _body(parsed: Parsed, ids: bool, strip: bool,

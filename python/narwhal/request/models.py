@@ -34,19 +34,22 @@ class Served:
     configuration (per-model accounting, budgets, learning). ``engines``: indices of the
     engines that serve it now, None for every engine (replaced, never mutated, so a reader
     sees one consistent set). ``base``: the base model (itself for a configured model).
+    ``rename``: answers carry the name the client sent even when it is this name (with
+    several models an engine may answer with another of its names).
     """
 
-    __slots__ = ("base", "budget_s", "created", "engines", "index", "name", "root")
+    __slots__ = ("base", "budget_s", "created", "engines", "index", "name", "rename", "root")
 
     def __init__(self, name: str, index: int, *, budget_s: float | None = None,
                  engines: frozenset[int] | None = None, base: Served | None = None,
-                 root: str | None = None) -> None:
+                 root: str | None = None, rename: bool = False) -> None:
         self.name = name
         self.index = index
         self.budget_s = budget_s
         self.engines = engines
         self.base: Served = self if base is None else base
         self.root = root
+        self.rename = rename
         self.created = int(time.time())
 
     @property
@@ -86,6 +89,8 @@ class Catalog:
                 self.names[alias] = self.aliases[alias] = served
         self.labelled = bool(config.models)
         self.single = len(self.models) == 1 and self.models[0].engines is None
+        for served in self.models:
+            served.rename = not self.single
         self.bases: list[tuple[Served, ...]] = [
             tuple(m for m in self.models if m.on(k)) for k in range(len(engines))]
         self.adapters: list[dict[str, Served]] = [{} for _ in engines]  # per engine
@@ -139,7 +144,7 @@ class Catalog:
             served = self._retired.pop(name, None)
             if served is None or served.base is not base:
                 served = Served(name, base.index, budget_s=base.budget_s, engines=frozenset(),
-                                base=base, root=root)
+                                base=base, root=root, rename=base.rename)
             self.names[name] = served
             log.info("adapter %s of %s is servable", name, base.name)
         assert served.engines is not None

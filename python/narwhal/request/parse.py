@@ -38,6 +38,8 @@ class Parsed:
     include_reasoning: bool = True  # chat: False when the client sent include_reasoning: false
     served: Served | None = None  # what the name resolved to (None: a plain model name)
     alias: str | None = None  # the name the client sent, when an alias of `model`
+    answer_model: str | None = None  # the `model` every answer carries (the client's name),
+    # when the engine may answer with another (an alias; with several models, any name)
 
 
 def parse_request(route: str, raw: bytes, *, model: str | Mapping[str, Served]) -> Parsed:
@@ -136,9 +138,12 @@ def parse_request(route: str, raw: bytes, *, model: str | Mapping[str, Served]) 
     if not known:
         shown = req_model if len(req_model) <= 256 else req_model[:256] + "…"
         raise Refusal("model_not_found", f"The model `{shown}` does not exist.", param="model")
-    if served is not None and served.name != req_model:
-        alias, req_model = req_model, served.name
-        body["model"] = req_model
+    answer = None
+    if served is not None and (served.rename or served.name != req_model):
+        answer = req_model
+        if served.name != req_model:
+            alias, req_model = req_model, served.name
+            body["model"] = req_model
 
     # -- sampling width --------------------------------------------------------------------
     if n is not None and n > 1:
@@ -156,7 +161,7 @@ def parse_request(route: str, raw: bytes, *, model: str | Mapping[str, Served]) 
 
     return Parsed(route, body, req_model, stream, include_usage, continuous, return_ids,
                   max_tokens, logprobs, chars, prompt_ids, n_tools, n_messages, echo,
-                  include_reasoning, served, alias)
+                  include_reasoning, served, alias, answer)
 
 
 def _bad(param: str, message: str) -> NoReturn:

@@ -349,6 +349,11 @@ impl Assembler {
         &mut self.choices[pos]
     }
 
+    /// The body's `model` is `model` (a JSON value) whatever the events say.
+    pub fn set_model(&mut self, model: Vec<u8>) {
+        self.model = Some(model);
+    }
+
     /// Fold a prepared event in. `usage` is the event's parsed usage, if any.
     pub fn apply(&mut self, ev: &Event<'_>, prepared: Prepared<'_>, usage: Option<&UsageInfo>) {
         first(&mut self.id, ev.id);

@@ -2,8 +2,19 @@
 
 use crate::delta::{span_of, Delta, Event};
 
-/// One rewrite of an event's bytes: `start..end` becomes `with`.
-pub type Edit = (usize, usize, &'static [u8]);
+/// What an edit writes in place of the bytes it covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Put {
+    /// `null`.
+    Null,
+    /// Nothing: the bytes are deleted.
+    Nothing,
+    /// The session's model name (the name the client sent), as a JSON string.
+    Model,
+}
+
+/// One rewrite of an event's bytes: `start..end` becomes what `Put` says.
+pub type Edit = (usize, usize, Put);
 
 const NULL: &[u8] = b"null";
 
@@ -54,7 +65,18 @@ pub fn edits(payload: &[u8], ev: &Event<'_>, rewrite: Rewrite, out: &mut Vec<Edi
 
 fn push_null(payload: &[u8], raw: &serde_json::value::RawValue, out: &mut Vec<Edit>) {
     let (a, b) = span_of(payload, raw);
-    out.push((a, b, NULL));
+    out.push((a, b, Put::Null));
+}
+
+/// The edit that makes the event's top-level `model` read `model` (a JSON string), when it
+/// reads another name; an event without `model` (or with `null`) keeps it so.
+pub fn model_edit(payload: &[u8], ev: &Event<'_>, model: &[u8]) -> Option<Edit> {
+    let raw = ev.model?;
+    if raw.get().as_bytes() == model {
+        return None;
+    }
+    let (a, b) = span_of(payload, raw);
+    Some((a, b, Put::Model))
 }
 
 /// Deletions of the delta's `reasoning` and `reasoning_content` members (key, value and
@@ -68,7 +90,7 @@ fn reasoning_members(payload: &[u8], d: &Delta<'_>, out: &mut Vec<Edit>) {
     let mut floor = 0;
     for (start, end) in values.into_iter().flatten() {
         let (a, b) = member_span(payload, start, end, floor);
-        out.push((a, b, b""));
+        out.push((a, b, Put::Nothing));
         floor = b;
     }
 }
@@ -141,15 +163,26 @@ pub fn is_emptied_by_strip(ev: &Event<'_>) -> bool {
     })
 }
 
-/// Write one event as `data: <json>\n\n`, applying `edits`. An event that came in several
-/// `data:` lines keeps them (its JSON holds a LF between the lines).
-pub fn write_event(out: &mut Vec<u8>, payload: &[u8], edits: &[Edit], data_lines: u32) {
+/// Write one event as `data: <json>\n\n`, applying `edits` (`model`: what `Put::Model`
+/// writes). An event that came in several `data:` lines keeps them (its JSON holds a LF
+/// between the lines).
+pub fn write_event(
+    out: &mut Vec<u8>,
+    payload: &[u8],
+    edits: &[Edit],
+    data_lines: u32,
+    model: &[u8],
+) {
     let start = out.len();
     out.extend_from_slice(b"data: ");
     let mut at = 0;
-    for &(a, b, with) in edits {
+    for &(a, b, put) in edits {
         out.extend_from_slice(&payload[at..a]);
-        out.extend_from_slice(with);
+        out.extend_from_slice(match put {
+            Put::Null => NULL,
+            Put::Nothing => b"",
+            Put::Model => model,
+        });
         at = b;
     }
     out.extend_from_slice(&payload[at..]);
@@ -185,7 +218,7 @@ mod tests {
         let mut e = Vec::new();
         edits(s.as_bytes(), &ev, rewrite, &mut e);
         let mut out = Vec::new();
-        write_event(&mut out, s.as_bytes(), &e, 1);
+        write_event(&mut out, s.as_bytes(), &e, 1, b"");
         String::from_utf8(out).unwrap()
     }
 
@@ -299,9 +332,42 @@ mod tests {
     }
 
     #[test]
+    fn model_is_renamed_where_it_differs() {
+        let alias = br#""llama-8b""#;
+        let cases = [
+            (
+                r#"{"id":"c","model":"meta-llama/L","choices":[]}"#,
+                r#"{"id":"c","model":"llama-8b","choices":[]}"#,
+            ),
+            (
+                r#"{ "model" : "x\"y" ,"choices":[]}"#,
+                r#"{ "model" : "llama-8b" ,"choices":[]}"#,
+            ),
+            (
+                r#"{"model":null,"choices":[]}"#,
+                r#"{"model":null,"choices":[]}"#,
+            ),
+            (
+                r#"{"model":"llama-8b","choices":[]}"#,
+                r#"{"model":"llama-8b","choices":[]}"#,
+            ),
+            (r#"{"choices":[]}"#, r#"{"choices":[]}"#),
+        ];
+        for (event, want) in cases {
+            let ev = parse_event(event.as_bytes()).unwrap();
+            let e: Vec<Edit> = model_edit(event.as_bytes(), &ev, alias)
+                .into_iter()
+                .collect();
+            let mut out = Vec::new();
+            write_event(&mut out, event.as_bytes(), &e, 1, alias);
+            assert_eq!(out, format!("data: {want}\n\n").as_bytes(), "{event}");
+        }
+    }
+
+    #[test]
     fn multi_line_data_keeps_its_lines() {
         let mut out = Vec::new();
-        write_event(&mut out, b"{\"a\":\n1}", &[], 2);
+        write_event(&mut out, b"{\"a\":\n1}", &[], 2, b"");
         assert_eq!(out, b"data: {\"a\":\ndata: 1}\n\n");
     }
 }

@@ -5,7 +5,9 @@ use std::str::FromStr;
 use crate::assemble::Assembler;
 use crate::delta::{error_message, parse_event, parse_usage, Delta, Event, UsageInfo};
 use crate::error::StreamError;
-use crate::expose::{edits, is_emptied_by_strip, is_id_only, write_event, Edit, Rewrite, DONE};
+use crate::expose::{
+    edits, is_emptied_by_strip, is_id_only, model_edit, write_event, Edit, Rewrite, DONE,
+};
 use crate::sse::SseFramer;
 use crate::token_ids;
 
@@ -100,6 +102,9 @@ struct Core {
     /// `system_fingerprint` of the usage frame being dropped (vLLM stamps it on the finish
     /// event when the client asked no usage). Goes out with the next output.
     held: Vec<u8>,
+    /// With a model rename: the name the client sent, as a JSON string, for the top-level
+    /// `model` of every event and of the assembled body.
+    model: Option<Box<[u8]>>,
     assembler: Option<Assembler>,
 }
 
@@ -135,9 +140,23 @@ impl StreamSession {
                 strip,
                 echo_open: chat && opts.echo,
                 held: Vec::new(),
+                model: None,
                 assembler,
             },
         }
+    }
+
+    /// Answer with `name` as the model: the top-level `model` of every event (where it
+    /// says anything else) and of the assembled body becomes it, so the client sees the name
+    /// it sent (an alias) while the engine was sent another. Call before the first feed.
+    pub fn rename_model(&mut self, name: &str) {
+        let json: Box<[u8]> = serde_json::to_vec(name)
+            .unwrap_or_default()
+            .into_boxed_slice();
+        if let Some(asm) = &mut self.core.assembler {
+            asm.set_model(json.to_vec());
+        }
+        self.core.model = Some(json);
     }
 
     /// One network read: returns (bytes for the client, the read's validated token IDs —
@@ -273,7 +292,7 @@ impl Core {
             }
             if !self.opts.assemble {
                 self.release_held();
-                write_event(&mut self.out, payload, &[], lines);
+                write_event(&mut self.out, payload, &[], lines, b"");
             }
             self.events += 1;
             return Ok(());
@@ -340,11 +359,25 @@ impl Core {
             return;
         }
         let start = self.out.len();
-        if !self.strip && self.opts.expose_token_ids {
-            write_event(&mut self.out, payload, &[], lines);
+        let model = self.model.as_deref().unwrap_or_default();
+        let rename = self
+            .model
+            .as_deref()
+            .and_then(|m| model_edit(payload, ev, m));
+        let as_sent = !self.strip && self.opts.expose_token_ids;
+        if as_sent && rename.is_none() {
+            write_event(&mut self.out, payload, &[], lines, model);
         } else {
-            edits(payload, ev, self.rewrite, &mut self.edits);
-            write_event(&mut self.out, payload, &self.edits, lines);
+            if as_sent {
+                self.edits.clear();
+            } else {
+                edits(payload, ev, self.rewrite, &mut self.edits);
+            }
+            if let Some(edit) = rename {
+                self.edits.push(edit);
+                self.edits.sort_unstable();
+            }
+            write_event(&mut self.out, payload, &self.edits, lines, model);
         }
         if self.opts.drop_usage && ev.system_fingerprint.is_none() && finishes(ev) {
             self.held.extend_from_slice(&self.out[start..]);
@@ -478,6 +511,35 @@ mod tests {
             ids += n;
         }
         assert_eq!((got, ids, s.state()), (want, 3, State::Done));
+    }
+
+    #[test]
+    fn an_alias_is_the_model_of_every_event_and_of_the_body() {
+        let head = r#"{"id":"c","object":"chat.completion.chunk","created":1,"model":"canonical","#;
+        let role = format!(
+            r#"{head}"choices":[{{"index":0,"delta":{{"role":"assistant","content":""}}}}],"prompt_token_ids":[1]}}"#
+        );
+        let text = format!(
+            r#"{head}"choices":[{{"index":0,"delta":{{"content":"hi"}},"finish_reason":"stop","token_ids":[7]}}]}}"#
+        );
+        let body = [sse(&[&role, &text]), b"data: [DONE]\n\n".to_vec()].concat();
+        for expose in [false, true] {
+            let mut s = session(false, expose, true);
+            s.rename_model("llama \"8b\"");
+            let out = String::from_utf8(s.feed(&body).0.to_vec()).unwrap();
+            assert_eq!(out.matches(r#""model":"llama \"8b\"""#).count(), 2, "{out}");
+            assert!(!out.contains("canonical"));
+        }
+        let mut s = session(true, false, true);
+        s.rename_model("llama-8b");
+        s.feed(&body);
+        let assembled = String::from_utf8(s.finish().unwrap()).unwrap();
+        assert!(
+            assembled.contains(r#""model":"llama-8b","choices""#),
+            "{assembled}"
+        );
+        let mut plain = session(false, true, true);
+        assert_eq!(plain.feed(&body).0.to_vec(), body.replace_crlf()); // no rename: as sent
     }
 
     trait ReplaceCrlf {

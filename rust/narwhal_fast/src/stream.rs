@@ -37,7 +37,7 @@ impl PyStreamSession {
     #[new]
     #[pyo3(signature = (
         route, *, assemble, expose_token_ids, drop_usage, require_token_ids, prompt_tokens = 0,
-        strip_reasoning = false, echo = false
+        strip_reasoning = false, echo = false, model = None
     ))]
     #[allow(clippy::too_many_arguments)] // one per Python keyword argument
     fn new(
@@ -49,20 +49,23 @@ impl PyStreamSession {
         prompt_tokens: u64,
         strip_reasoning: bool,
         echo: bool,
+        model: Option<&str>,
     ) -> PyResult<Self> {
         let route: Route = route.parse().map_err(PyValueError::new_err)?;
-        Ok(PyStreamSession {
-            inner: StreamSession::new(Options {
-                route,
-                assemble,
-                expose_token_ids,
-                drop_usage,
-                require_token_ids,
-                prompt_tokens,
-                strip_reasoning,
-                echo,
-            }),
-        })
+        let mut inner = StreamSession::new(Options {
+            route,
+            assemble,
+            expose_token_ids,
+            drop_usage,
+            require_token_ids,
+            prompt_tokens,
+            strip_reasoning,
+            echo,
+        });
+        if let Some(name) = model {
+            inner.rename_model(name);
+        }
+        Ok(PyStreamSession { inner })
     }
 
     fn feed<'py>(&mut self, py: Python<'py>, data: &[u8]) -> (Bound<'py, PyBytes>, u64, u8) {
