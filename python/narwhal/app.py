@@ -9,9 +9,9 @@ from collections.abc import Iterable
 from prometheus_client.metrics_core import Metric
 
 from narwhal._narwhal_fast import Board
+from narwhal.admission.calibration import Sizing, make_sizing
 from narwhal.admission.gate import AdmissionQueue
 from narwhal.admission.predictive import PredictiveAdmission
-from narwhal.admission.sizing import Sizer, make_sizer
 from narwhal.admission.wake import WorkerWake
 from narwhal.api.admin import AdminApi
 from narwhal.api.auth import ClientAuth
@@ -71,7 +71,7 @@ class Narwhal:
     beside the shared board.
     """
 
-    def __init__(self, config: Config, board: Board, *, sizer: Sizer | None = None,
+    def __init__(self, config: Config, board: Board, *, sizing: Sizing | None = None,
                  worker_wake: tuple[int, list[int]] | None = None) -> None:
         self.config = config
         self.board = board
@@ -108,7 +108,7 @@ class Narwhal:
         self.observer = make_observer(config)
         self.flow = CompletionFlow(
             config, board,
-            sizer=sizer or make_sizer(config.admission.sizing, engines, config.tokenizer),
+            sizing=sizing or make_sizing(config.admission.sizing, engines, config.tokenizer),
             predictive=PredictiveAdmission(config.admission, learning, scheduler),
             scheduler=scheduler, queue=queue, learning=learning, observer=self.observer,
             state_refusal=state.refusal, names=catalog.names, model_boards=boards,

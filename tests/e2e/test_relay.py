@@ -232,32 +232,6 @@ def test_sigterm_drains_inflight_stream(engines: list[Proc], tmp_path: object) -
         proc.stop()
 
 
-def test_prompt_is_sized_by_the_engines_tokenizer(router: Proc, engines: list[Proc]) -> None:
-    messages = [
-        {"role": "system", "content": "Be brief."},
-        {"role": "user", "content": "How many tokens is this prompt, exactly?"},
-    ]
-    req = urllib.request.Request(
-        engines[0].url + "/tokenize",
-        data=json.dumps(
-            {"model": MODEL, "messages": messages, "add_generation_prompt": True}
-        ).encode(),
-    )
-    with urllib.request.urlopen(req, timeout=5) as resp:
-        count = json.loads(resp.read())["count"]
-    before = metrics(router.url)
-    status, _, raw = raw_post(
-        router.url, "/v1/chat/completions", {"model": MODEL, "messages": messages, "max_tokens": 3}
-    )
-    assert status == 200
-    assert json.loads(raw)["usage"]["prompt_tokens"] == count
-    after = metrics(router.url)
-    assert (
-        after["narwhal_offered_prompt_tokens_total"] - before["narwhal_offered_prompt_tokens_total"]
-        == count
-    )
-
-
 def test_client_leaving_while_the_engine_hangs_before_headers_ends_at_once(router: Proc) -> None:
     """The engine has not answered yet: the client's departure must not wait for the deadline."""
     body = _chat()

@@ -44,6 +44,10 @@ class Projection:
         return self.wait_s + self.prefill_s
 
 
+class NearBudget(Exception):
+    """The projection lies within the prompt size's error band of the budget."""
+
+
 class PredictiveAdmission:
     """Projects each request's TTFT and refuses over ``admission.ttft_budget_s``."""
 
@@ -53,19 +57,24 @@ class PredictiveAdmission:
         self.learning = learning
         self.scheduler = scheduler
 
-    def admit(self, parsed: Parsed, prompt_tokens: int) -> Demand:
-        """The request's demand; raises Refusal when predictive admission refuses it."""
+    def admit(self, parsed: Parsed, prompt_tokens: int, band: float = 0.0) -> Demand:
+        """The request's demand; raises Refusal when predictive admission refuses it, and
+        NearBudget when ``band`` (the relative error of ``prompt_tokens``) could change the
+        decision, so the caller may size the prompt exactly and ask again."""
         demand = self.scheduler.demand(parsed, prompt_tokens)
         if self.predictive:
-            self.check(demand)
+            self.check(demand, band)
         return demand
 
-    def check(self, demand: Demand) -> None:
+    def check(self, demand: Demand, band: float = 0.0) -> None:
         projection = self.project(demand)
         if projection is None:
             return  # nothing eligible: placement answers backend_unavailable
         served = demand.served
         budget = self.budget_s if served is None or served.budget_s is None else served.budget_s
+        if band and (abs(projection.alone_s - budget) <= band * projection.alone_s
+                     or abs(projection.ttft_s - budget) <= band * projection.prefill_s):
+            raise NearBudget
         if projection.alone_s > budget:
             raise Refusal(
                 "prompt_exceeds_ttft_budget",

@@ -169,16 +169,3 @@ class EngineSizer:
         if isinstance(prompt, str):
             return {"model": model, "prompt": prompt}
         return None  # token ids are counted exactly by the estimate; lists of prompts too
-
-
-def make_sizer(mode: str, engines: Sequence[Engine], tokenizer: str | None) -> Sizer:
-    """``auto``: the local tokenizer when configured, else the engines' ``/tokenize``, else the
-    estimate (SPEC §9 "workload sizing")."""
-    if mode == "tokenizer" or (mode == "auto" and tokenizer):
-        if not tokenizer:
-            raise ValueError("admission.sizing: tokenizer needs the `tokenizer` key")
-        return TokenizerSizer(tokenizer)
-    if mode == "engine" or (mode == "auto" and any(e.config.dialect in EngineSizer.DIALECTS
-                                                   for e in engines)):
-        return EngineSizer(engines)
-    return EstimateSizer()

@@ -12,15 +12,16 @@ import asyncio
 from collections.abc import Callable, Mapping, Sequence
 
 from narwhal._narwhal_fast import Board
+from narwhal.admission.calibration import Sizing
 from narwhal.admission.gate import AdmissionQueue
-from narwhal.admission.predictive import PredictiveAdmission
-from narwhal.admission.sizing import Sizer
+from narwhal.admission.predictive import NearBudget, PredictiveAdmission
 from narwhal.config import Config
 from narwhal.errors import Refusal
 from narwhal.flow.attempt import Outcome
 from narwhal.flow.context import UNLIMITED, RequestContext
 from narwhal.flow.relay import Relay
 from narwhal.learning import Learning
+from narwhal.learning.occupancy import Demand
 from narwhal.observe import Observer
 from narwhal.request.deadlines import Deadlines
 from narwhal.request.models import Served
@@ -45,7 +46,7 @@ class CompletionFlow:
         config: Config,
         board: Board,
         *,
-        sizer: Sizer,
+        sizing: Sizing,
         predictive: PredictiveAdmission,
         scheduler: Scheduler,
         queue: AdmissionQueue,
@@ -61,7 +62,8 @@ class CompletionFlow:
         self.model_boards = model_boards
         self.serving = config.serving
         self.board = board
-        self.sizer = sizer
+        self.sizer = sizing.sizer
+        self.sizing = sizing
         self.predictive = predictive
         self.scheduler = scheduler
         self.queue = queue
@@ -129,16 +131,25 @@ class CompletionFlow:
                 model_ticket = board.arrive(UNLIMITED)[0]
             if obs is not None:
                 obs.parsed(parsed)
-            ctx.prompt_tokens = await self.sizer.size(parsed)
-            ticket.sized(ctx.prompt_tokens)
-            if obs is not None:
-                obs.sized(ctx.prompt_tokens)
-            if model_ticket is not None:
-                model_ticket.sized(ctx.prompt_tokens)
+            tokens = await self.sizer.size(parsed)
+            try:
+                demand: Demand | None = self.predictive.admit(
+                    parsed, tokens, self.sizing.band(parsed))
+            except NearBudget:  # the decision hangs on the exact count: ask for it
+                assert self.sizing.exact is not None
+                tokens, demand = await self.sizing.exact.size(parsed), None
+            finally:
+                ctx.prompt_tokens = tokens
+                ticket.sized(tokens)
+                if obs is not None:
+                    obs.sized(tokens)
+                if model_ticket is not None:
+                    model_ticket.sized(tokens)
+            if demand is None:
+                demand = self.predictive.admit(parsed, tokens)
             deadlines = Deadlines.from_headers(
                 request.headers, ctx.arrival, self.serving.request_timeout_s
             )
-            demand = self.predictive.admit(parsed, ctx.prompt_tokens)
             if not self.scheduler.eligible(parsed.served):
                 raise Refusal("backend_unavailable")
             with demand:
@@ -150,7 +161,7 @@ class CompletionFlow:
                            split.engine.name if split is not None else None)
             relay = Relay(ctx, parsed, placement, responder, deadlines,
                           scheduler=self.scheduler, queue=self.queue, learning=self.learning,
-                          board=board)
+                          board=board, calibration=self.sizing.calibration)
             outcome = await relay.run()
             relay.observe_end()
         except Refusal as ref:

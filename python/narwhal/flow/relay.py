@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from narwhal._narwhal_fast import Board, StreamSession
+from narwhal.admission.calibration import Calibration
 from narwhal.admission.gate import AdmissionQueue
 from narwhal.errors import Refusal
 from narwhal.fleet.engine import Engine
@@ -55,6 +56,7 @@ class Relay:
         queue: AdmissionQueue,
         learning: Learning,
         board: Board,
+        calibration: Calibration | None = None,
     ):
         self.ctx = ctx
         self.parsed = parsed
@@ -65,6 +67,7 @@ class Relay:
         self.queue = queue
         self.learning = learning
         self.board = board
+        self.calibration = calibration  # learns the estimate from the engine's prompt count
         self.headers: Sequence[tuple[bytes, bytes]] = ctx.forward_headers()
         self.kv_params: dict[str, Any] | None = None
         self._tail = b""  # the last output of a finished stream, written with the body's end
@@ -397,7 +400,13 @@ class Relay:
         session = self.session
         now = self.loop.time()
         board.observe("e2e", now - self.ctx.arrival)
-        if session is None or self.first_token_at is None:
+        if session is None:
+            return
+        if self.calibration is not None:
+            counted = session.engine_prompt_tokens
+            if counted is not None:
+                self.calibration.observe(self.parsed, counted)
+        if self.first_token_at is None:
             return
         tokens = session.output_tokens
         board.observe("output_tokens", float(tokens))
