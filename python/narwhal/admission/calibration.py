@@ -41,7 +41,11 @@ WINDOW = 256
 MIN_FIT = 8
 """Counts needed before the fit replaces the static estimate."""
 REFIT_EVERY = 8
-"""Counts between refits (a fit is a 3x3 solve over the window: about 50 µs)."""
+"""Counts between refits (a refit is one 5x5 solve of the running normal equations)."""
+BAND_EVERY = 64
+"""Counts between refreshes of the band (a pass over the window's residuals)."""
+REBUILD_EVERY = 16 * WINDOW
+"""Counts between rebuilds of the running sums from the window (rounding)."""
 RIDGE = 1e-3
 """How strongly each coefficient is held to the static estimate's, per unit of relative change
 (weak: enough to fix directions the counts do not span, such as a constant message count)."""
@@ -59,11 +63,16 @@ _PLAIN = bytes(range(ord("0"), ord("9") + 1)) + bytes(range(ord("A"), ord("Z") +
 def features(parsed: Parsed) -> Features:
     """What the calibrated estimate sees of a prompt: characters, spaces, symbol bytes and
     messages of its text (as the static estimate counts it), and a constant. Counted with
-    C-speed string methods: about 1 µs per kilobyte of prompt."""
+    C-speed string methods (about 1 µs per kilobyte of prompt), once per request."""
+    cached = parsed.size_features
+    if cached is not None:
+        return cached  # type: ignore[no-any-return]
     text = "".join(prompt_texts(parsed))
     raw = text.encode("utf-8", "surrogatepass")
-    return (float(len(text)), float(text.count(" ")), float(len(raw.translate(None, _PLAIN))),
-            float(parsed.messages), 1.0)
+    found = (float(len(text)), float(text.count(" ")), float(len(raw.translate(None, _PLAIN))),
+             float(parsed.messages), 1.0)
+    parsed.size_features = found
+    return found
 
 
 def _prior(route: str) -> Features:
@@ -95,51 +104,69 @@ _NAMES = ("chars", "spaces", "symbols", "messages", "fixed")
 
 
 class _Fit:
-    """One model and route's counts and current coefficients."""
+    """One model and route's counts and current coefficients. The normal equations are kept
+    as running sums over the window (a count in, the oldest out), so a refit is one 5x5
+    solve; the band (a pass over the window's residuals) is refreshed less often."""
 
-    __slots__ = ("band", "coef", "counts", "fitted", "since", "total")
+    __slots__ = ("ata", "atb", "band", "coef", "counts", "fitted", "since", "total")
 
     def __init__(self, route: str) -> None:
         self.coef = _prior(route)
-        self.counts: deque[tuple[Features, float]] = deque(maxlen=WINDOW)
+        self.counts: deque[tuple[Features, float]] = deque()
+        self.ata = [[0.0] * len(self.coef) for _ in self.coef]
+        self.atb = [0.0] * len(self.coef)
         self.fitted = False
         self.band = UNCALIBRATED_BAND
         self.since = 0  # counts since the last fit
         self.total = 0
 
+    def _account(self, x: Features, y: float, sign: float) -> None:
+        w = sign / (y * y)  # least squares on the relative error
+        ata, atb = self.ata, self.atb
+        for i, xi in enumerate(x):
+            wxi = w * xi
+            atb[i] += wxi * y
+            row = ata[i]
+            for j, xj in enumerate(x):
+                row[j] += wxi * xj
+
     def add(self, x: Features, tokens: float, route: str) -> None:
-        self.counts.append((x, tokens))
+        counts = self.counts
+        counts.append((x, tokens))
+        self._account(x, tokens, 1.0)
+        if len(counts) > WINDOW:
+            old, y = counts.popleft()
+            self._account(old, y, -1.0)
         self.total += 1
         self.since += 1
-        if len(self.counts) >= MIN_FIT and (not self.fitted or self.since >= REFIT_EVERY):
-            self.refit(route)
+        if self.total % REBUILD_EVERY == 0:  # running sums drift: rebuild them from the window
+            self.ata = [[0.0] * len(x) for _ in x]
+            self.atb = [0.0] * len(x)
+            for old, y in counts:
+                self._account(old, y, 1.0)
+        if len(counts) >= MIN_FIT and (not self.fitted or self.since >= REFIT_EVERY):
+            self.refit(route, band=not self.fitted or self.total % BAND_EVERY < REFIT_EVERY)
 
-    def refit(self, route: str) -> None:
-        """Least squares on the relative error (weight 1/tokens²), with a ridge that holds
-        each coefficient near the static estimate's in relative terms."""
+    def refit(self, route: str, *, band: bool) -> None:
+        """Solve the normal equations, with a ridge that holds each coefficient near the
+        static estimate's in relative terms."""
         self.since = 0
         prior = _prior(route)
-        n = len(prior)
-        ata = [[0.0] * n for _ in range(n)]
-        atb = [0.0] * n
-        for x, y in self.counts:
-            w = 1.0 / (y * y)
-            for i in range(n):
-                atb[i] += w * x[i] * y
-                for j in range(n):
-                    ata[i][j] += w * x[i] * x[j]
-        for i in range(n):
-            unit = max(abs(prior[i]), 1.0 / CHARS_PER_TOKEN)
+        ata = [row[:] for row in self.ata]
+        atb = self.atb[:]
+        for i, p in enumerate(prior):
+            unit = max(abs(p), 1.0 / CHARS_PER_TOKEN)
             ata[i][i] += RIDGE / (unit * unit)
-            atb[i] += RIDGE * prior[i] / (unit * unit)
+            atb[i] += RIDGE * p / (unit * unit)
         solved = _solve(ata, atb)
         if solved is None:
             return
         coef: Features = (solved[0], solved[1], solved[2], solved[3], solved[4])
-        errors = sorted(abs(_dot(coef, x) - y) / y for x, y in self.counts)
         self.coef = coef
         self.fitted = True
-        self.band = max(BAND_FLOOR, errors[int(0.9 * (len(errors) - 1))])
+        if band:
+            errors = sorted(abs(_dot(coef, x) - y) / y for x, y in self.counts)
+            self.band = max(BAND_FLOOR, errors[int(0.9 * (len(errors) - 1))])
 
 
 def _dot(coef: Features, x: Features) -> float:

@@ -38,6 +38,7 @@ class Parsed:
     include_reasoning: bool = True  # chat: False when the client sent include_reasoning: false
     served: Served | None = None  # what the name resolved to (None: a plain model name)
     alias: str | None = None  # the name the client sent, when an alias of `model`
+    size_features: Any = None  # sizing's reading of the prompt, computed once (calibration)
     answer_model: str | None = None  # the `model` every answer carries (the client's name),
     # when the engine may answer with another (an alias; with several models, any name)
 
