@@ -162,7 +162,7 @@ def parse_request(route: str, raw: bytes, *, model: str | Mapping[str, Served]) 
 
     return Parsed(route, body, req_model, stream, include_usage, continuous, return_ids,
                   max_tokens, logprobs, chars, prompt_ids, n_tools, n_messages, echo,
-                  include_reasoning, served, alias, answer)
+                  include_reasoning, served, alias, answer_model=answer)
 
 
 def _bad(param: str, message: str) -> NoReturn:
