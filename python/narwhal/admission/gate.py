@@ -40,6 +40,8 @@ class AdmissionQueue:
             placement = self.scheduler.try_place(demand=demand)
             if placement is not None:
                 return placement, 0.0
+        if demand is not None:
+            demand.eligible = None  # what was eligible on arrival is stale once it waits
         if not ticket.enqueue(self.queue_limit):
             raise Refusal("queue_full")
         loop = asyncio.get_running_loop()

@@ -95,7 +95,9 @@ class PredictiveAdmission:
 
     def project(self, demand: Demand, now: float | None = None) -> Projection | None:
         """The lowest projected TTFT over eligible engines, or None when none is eligible."""
-        engines = self.scheduler.eligible(demand.served)
+        engines = demand.eligible
+        if engines is None:
+            engines = self.scheduler.eligible(demand.served)
         if not engines:
             return None
         learning = self.learning

@@ -150,7 +150,7 @@ class CompletionFlow:
             deadlines = Deadlines.from_headers(
                 request.headers, ctx.arrival, self.serving.request_timeout_s
             )
-            if not self.scheduler.eligible(parsed.served):
+            if not demand.eligible:
                 raise Refusal("backend_unavailable")
             with demand:
                 placement, waited = await self.queue.place(ticket, deadlines, demand)

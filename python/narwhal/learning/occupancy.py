@@ -12,6 +12,7 @@ import contextlib
 import math
 from collections import deque
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from narwhal._narwhal_fast import Slot
 from narwhal.request.models import Served
@@ -32,8 +33,8 @@ class Demand:
     or gives up.
     """
 
-    __slots__ = ("_book", "expected_output", "max_tokens", "pending", "prefix", "prompt_tokens",
-                 "route", "served")
+    __slots__ = ("_book", "eligible", "expected_output", "max_tokens", "pending", "prefix",
+                 "prompt_tokens", "route", "served")
 
     def __init__(self, prompt_tokens: int, route: str = "completion",
                  max_tokens: int | None = None, prefix: int | None = None,
@@ -43,6 +44,9 @@ class Demand:
         self.max_tokens = max_tokens
         self.prefix = prefix
         self.served = served  # the model or adapter asked for (None: any engine)
+        # The placement-eligible engines as the scheduler found them when this demand was
+        # made, for admission and placement in the same instant (None: ask again).
+        self.eligible: list[Any] | None = None
         self.expected_output = 0.0  # expected output tokens, when placement computed it
         self.pending = False
         self._book = book

@@ -69,6 +69,7 @@ class Scheduler:
         demand = Demand(prompt_tokens, parsed.route, parsed.max_tokens, prefix,
                         self.learning.pending_for(served), served)
         demand.expected_output = self.learning.expected_output(demand)
+        demand.eligible = self.eligible(served)  # admission and placement reuse it at once
         return demand
 
     def candidate(self, engine: Engine, demand: Demand, now: float,
@@ -87,7 +88,11 @@ class Scheduler:
         board = self.board
         if demand is None:
             demand = self.learning.pending.head() or Demand(0)
-        engines = self.eligible(demand.served)
+        engines = demand.eligible
+        if engines is None:
+            engines = self.eligible(demand.served)
+        else:
+            demand.eligible = None  # good for this instant only
         if exclude is not None:
             engines = [e for e in engines if e is not exclude]
         if not engines:
