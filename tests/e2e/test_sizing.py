@@ -10,10 +10,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from benches.harness.sizing import chat_body
 from fleet_support import Counters
 from procs import MODEL, Proc, http, metrics, router_config, start_router, start_sim
-
-from benches.harness.sizing import chat_body
 
 pytestmark = pytest.mark.timeout(120)
 

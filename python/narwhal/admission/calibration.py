@@ -16,6 +16,7 @@ the band of the budget) does the flow ask the exact sizer (the engines' ``/token
 
 from __future__ import annotations
 
+import operator
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -44,6 +45,8 @@ REFIT_EVERY = 8
 """Counts between refits (a refit is one 5x5 solve of the running normal equations)."""
 BAND_EVERY = 64
 """Counts between refreshes of the band (a pass over the window's residuals)."""
+SAMPLE_EVERY = 8
+"""With a full window, one count in this many is taken (each costs two rank-one updates)."""
 REBUILD_EVERY = 16 * WINDOW
 """Counts between rebuilds of the running sums from the window (rounding)."""
 RIDGE = 1e-3
@@ -108,7 +111,7 @@ class _Fit:
     as running sums over the window (a count in, the oldest out), so a refit is one 5x5
     solve; the band (a pass over the window's residuals) is refreshed less often."""
 
-    __slots__ = ("ata", "atb", "band", "coef", "counts", "fitted", "since", "total")
+    __slots__ = ("ata", "atb", "band", "coef", "counts", "fitted", "seen", "since", "total")
 
     def __init__(self, route: str) -> None:
         self.coef = _prior(route)
@@ -118,7 +121,8 @@ class _Fit:
         self.fitted = False
         self.band = UNCALIBRATED_BAND
         self.since = 0  # counts since the last fit
-        self.total = 0
+        self.total = 0  # counts taken
+        self.seen = 0  # counts offered
 
     def _account(self, x: Features, y: float, sign: float) -> None:
         w = sign / (y * y)  # least squares on the relative error
@@ -131,6 +135,9 @@ class _Fit:
                 row[j] += wxi * xj
 
     def add(self, x: Features, tokens: float, route: str) -> None:
+        self.seen += 1
+        if self.seen % SAMPLE_EVERY and len(self.counts) >= WINDOW:
+            return  # a full window learns from a sample: the fit moves slowly anyway
         counts = self.counts
         counts.append((x, tokens))
         self._account(x, tokens, 1.0)
@@ -170,7 +177,7 @@ class _Fit:
 
 
 def _dot(coef: Features, x: Features) -> float:
-    return sum(c * v for c, v in zip(coef, x, strict=True))
+    return float(sum(map(operator.mul, coef, x)))
 
 
 class Calibration:
@@ -216,7 +223,7 @@ class Calibration:
         """Per model and route: counts seen, coefficients and band (for ``/engines``)."""
         out: list[dict[str, object]] = []
         for (model, route), fit in sorted(self._fits.items()):
-            out.append({"model_index": model, "route": route, "counts": fit.total,
+            out.append({"model_index": model, "route": route, "counts": fit.seen,
                         "fitted": fit.fitted,
                         "coefficients": dict(zip(_NAMES, (round(c, 5) for c in fit.coef),
                                                  strict=True)),
