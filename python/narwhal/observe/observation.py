@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 from narwhal.config import EngineConfig
 from narwhal.observe.access_log import AccessLog
+from narwhal.observe.otlp import CLIENT, INTERNAL, SERVER, SpanData
 from narwhal.observe.tracecontext import TraceContext, new_span_id
 from narwhal.observe.tracing import Tracer
 from narwhal.request.parse import Parsed
@@ -75,7 +76,9 @@ class Observation:
     __slots__ = (
         "_observer",
         "attempts",
+        "cls",
         "decode_s",
+        "end",
         "finished",
         "first_token_at",
         "model",
@@ -88,10 +91,12 @@ class Observation:
         "placed_engines",
         "prompt_tokens",
         "queue_wait_s",
+        "reason",
         "request_id",
         "route",
         "sized_at",
         "start",
+        "status",
         "stream",
         "trace",
     )
@@ -116,6 +121,9 @@ class Observation:
         self.placed_engines: tuple[str, ...] = ()
         self.attempts: list[_Attempt] = []
         self.finished = False
+        self.cls = ""
+        self.reason: str | None = None
+        self.status = self.end = 0
 
     # -- hooks -------------------------------------------------------------------------------
     def parsed(self, parsed: Parsed) -> None:
@@ -168,13 +176,16 @@ class Observation:
         if self.finished:
             return
         self.finished = True
-        end = time.monotonic_ns()
+        self.cls, self.reason, self.status = cls, reason, status
+        self.end = end = time.monotonic_ns()
         observer = self._observer
         if observer.access_log is not None:
             observer.access_log.write(self._record(cls, reason, status, end))
         tracer = observer.tracer
-        if tracer is not None and self.trace is not None and self.trace.sampled:
-            self._spans(tracer, self.trace, cls, reason, status, end)
+        trace = self.trace
+        if tracer is not None and trace is not None and trace.sampled:
+            tracer.emit(trace, self._name(), self.start + self.offset, end + self.offset,
+                        self.render)
 
     # -- figures -----------------------------------------------------------------------------
     def _seconds(self, since: int, until: int) -> float | None:
@@ -225,99 +236,99 @@ class Observation:
             record["trace_id"] = f"{self.trace.trace_id:032x}"
         return record
 
-    # -- spans -------------------------------------------------------------------------------
-    def _spans(self, tracer: Tracer, trace: TraceContext, cls: str, reason: str | None,
-               status: int, end: int) -> None:
-        """The server span and its children: sizing, admission wait, placement, attempts."""
-        off = self.offset
-        root = trace.span_id
-        operation = OPERATIONS.get(self.route, "")
+    # -- spans (rendered in the export thread, once the request has finished) --------------
+    def _name(self) -> str:
         model = self.model
-        gen_ai: dict[str, str] = {}
-        if model is not None:
-            gen_ai = {"gen_ai.operation.name": operation, "gen_ai.request.model": model}
+        if model is None:
+            return f"POST {self.path}"
+        return f"{OPERATIONS.get(self.route, '')} {model}"
+
+    def render(self) -> list[SpanData]:
+        """The server span and its children: sizing, admission wait, placement, attempts."""
+        trace = self.trace
+        assert trace is not None and self.finished
+        off, end, root = self.offset, self.end, trace.span_id
+        name = self._name()
+        gen_ai: list[tuple[str, object]] = []
+        if self.model is not None:
+            gen_ai = [("gen_ai.operation.name", OPERATIONS.get(self.route, "")),
+                      ("gen_ai.request.model", self.model)]
+        spans: list[SpanData] = []
         if self.parsed_at:
-            sized = self.sized_at or end
-            tracer.span(trace, "narwhal.sizing", "internal", new_span_id(), root,
-                        self.parsed_at + off, sized + off,
-                        {"gen_ai.usage.input_tokens": self.prompt_tokens or 0})
+            spans.append(SpanData(
+                "narwhal.sizing", INTERNAL, new_span_id(), root, self.parsed_at + off,
+                (self.sized_at or end) + off,
+                [("gen_ai.usage.input_tokens", self.prompt_tokens or 0)]))
         if self.sized_at:
-            placed = self.placed_at or end
-            attributes: dict[str, float] = {}
-            if self.queue_wait_s is not None:
-                attributes["narwhal.queue_wait_s"] = self.queue_wait_s
-            tracer.span(trace, "narwhal.admission_wait", "internal", new_span_id(), root,
-                        self.sized_at + off, placed + off, attributes,
-                        error=reason if not self.placed_at and reason else None)
+            waited = [] if self.queue_wait_s is None else [
+                ("narwhal.queue_wait_s", self.queue_wait_s)]
+            refused_here = not self.placed_at and self.cls in _ERROR_CLASSES
+            spans.append(SpanData(
+                "narwhal.admission_wait", INTERNAL, new_span_id(), root, self.sized_at + off,
+                (self.placed_at or end) + off, waited,
+                error=(self.reason or self.cls) if refused_here else None))
         attempts = self.attempts
         if self.placed_at:
-            until = attempts[0].start if attempts else end
-            placement: dict[str, str] = {"narwhal.engine": self.placed_engines[0]}
+            placement: list[tuple[str, object]] = [("narwhal.engine", self.placed_engines[0])]
             if len(self.placed_engines) > 1:
-                placement["narwhal.decode_engine"] = self.placed_engines[1]
-            tracer.span(trace, "narwhal.placement", "internal", new_span_id(), root,
-                        self.placed_at + off, until + off, placement)
+                placement.append(("narwhal.decode_engine", self.placed_engines[1]))
+            spans.append(SpanData(
+                "narwhal.placement", INTERNAL, new_span_id(), root, self.placed_at + off,
+                (attempts[0].start if attempts else end) + off, placement))
         for index, attempt in enumerate(attempts, 1):
             outcome = attempt.outcome or "unjudged"
             engine = attempt.engine
-            attributes_a: dict[str, str | int] = {
-                **gen_ai,
-                "server.address": engine.host,
-                "server.port": engine.port,
-                "narwhal.engine": engine.name,
-                "narwhal.engine.role": engine.role,
-                "narwhal.attempt": index,
-                "narwhal.attempt.outcome": outcome,
-            }
             failed = outcome not in _NOT_A_FAILURE
+            attributes = [*gen_ai, ("server.address", engine.host),
+                          ("server.port", engine.port), ("narwhal.engine", engine.name),
+                          ("narwhal.engine.role", engine.role), ("narwhal.attempt", index),
+                          ("narwhal.attempt.outcome", outcome)]
             if failed:
-                attributes_a["error.type"] = outcome
-            tracer.span(trace, f"{operation} {model}" if gen_ai else "narwhal.attempt",
-                        "client", attempt.span_id, root, attempt.start + off,
-                        (attempt.end or end) + off, attributes_a,
-                        error=outcome if failed else None)
-        error = (reason or cls) if cls in _ERROR_CLASSES or status >= 500 else None
-        tracer.span(trace, f"{operation} {model}" if gen_ai else f"POST {self.path}", "server",
-                    root, trace.parent_id, self.start + off, end + off,
-                    self._server_attributes(gen_ai, cls, reason, status, error),
-                    events=(("first_token", self.first_token_at + off),)
-                    if self.first_token_at else (),
-                    error=error)
+                attributes.append(("error.type", outcome))
+            spans.append(SpanData(
+                name if gen_ai else "narwhal.attempt", CLIENT, attempt.span_id, root,
+                attempt.start + off, (attempt.end or end) + off, attributes,
+                error=outcome if failed else None))
+        error = (self.reason or self.cls) if (
+            self.cls in _ERROR_CLASSES or self.status >= 500) else None
+        events = [("first_token", self.first_token_at + off)] if self.first_token_at else []
+        spans.append(SpanData(
+            name, SERVER, root, trace.parent_id, self.start + off, end + off,
+            self._server_attributes(gen_ai, error), events, error,
+            remote_parent=bool(trace.parent_id)))
+        return spans
 
-    def _server_attributes(
-        self, gen_ai: dict[str, str], cls: str, reason: str | None, status: int,
-        error: str | None,
-    ) -> dict[str, str | int | float | bool | list[str]]:
-        attributes: dict[str, str | int | float | bool | list[str]] = {
-            **gen_ai,
-            "http.request.method": "POST",
-            "http.route": self.path,
-            "narwhal.request_id": self.request_id,
-            "narwhal.outcome": cls,
-            "narwhal.attempts": len(self.attempts),
-        }
-        if status:
-            attributes["http.response.status_code"] = status
-        client = self.peer
-        if client:
-            attributes["client.address"] = str(client[0])
-        if reason is not None:
-            attributes["narwhal.reason"] = reason
+    def _server_attributes(self, gen_ai: list[tuple[str, object]],
+                           error: str | None) -> list[tuple[str, object]]:
+        attributes: list[tuple[str, object]] = [
+            *gen_ai,
+            ("http.request.method", "POST"),
+            ("http.route", self.path),
+            ("narwhal.request_id", self.request_id),
+            ("narwhal.outcome", self.cls),
+            ("narwhal.attempts", len(self.attempts)),
+        ]
+        if self.status:
+            attributes.append(("http.response.status_code", self.status))
+        if self.peer:
+            attributes.append(("client.address", str(self.peer[0])))
+        if self.reason is not None:
+            attributes.append(("narwhal.reason", self.reason))
         if error is not None:
-            attributes["error.type"] = error
+            attributes.append(("error.type", error))
         if self.prompt_tokens is not None:
-            attributes["gen_ai.usage.input_tokens"] = self.prompt_tokens
+            attributes.append(("gen_ai.usage.input_tokens", self.prompt_tokens))
         if gen_ai:
-            attributes["gen_ai.usage.output_tokens"] = self.output_tokens
+            attributes.append(("gen_ai.usage.output_tokens", self.output_tokens))
         if self.stream is not None:
-            attributes["narwhal.stream"] = self.stream
+            attributes.append(("narwhal.stream", self.stream))
         engines = self.engines()
         if engines:
-            attributes["narwhal.engines"] = engines
             legs = len({a.engine.role for a in self.attempts})
-            attributes["narwhal.retries"] = len(self.attempts) - legs
+            attributes += [("narwhal.engines", engines),
+                           ("narwhal.retries", len(self.attempts) - legs)]
         for key, value in (("narwhal.queue_wait_s", self.queue_wait_s),
                            ("narwhal.ttft_s", self.ttft_s()), ("narwhal.tpot_s", self.tpot_s())):
             if value is not None:
-                attributes[key] = value
+                attributes.append((key, value))
         return attributes

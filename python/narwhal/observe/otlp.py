@@ -17,7 +17,7 @@ import logging
 import struct
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 log = logging.getLogger("narwhal.tracing")
@@ -28,9 +28,44 @@ _D = struct.Struct("<d")  # double
 _YIELD_EVERY = 64
 """Spans encoded between GIL releases, so the event loop never waits long on this thread."""
 _WARN_EVERY_S = 60.0
+_SMALL = [bytes((n,)) for n in range(128)]
+
+INTERNAL, SERVER, CLIENT = 1, 2, 3
+"""OTLP span kinds (the SDK's ``SpanKind`` values plus one)."""
+
+
+class SpanData(NamedTuple):
+    """One span as the encoder writes it (IDs as integers, times in ns since the epoch)."""
+
+    name: str
+    kind: int  # INTERNAL, SERVER or CLIENT
+    span_id: int
+    parent_id: int  # 0: a root span
+    start_ns: int
+    end_ns: int
+    attributes: Sequence[tuple[str, object]]
+    events: Sequence[tuple[str, int]] = ()
+    error: str | None = None  # the span failed: status ERROR with this message
+    remote_parent: bool = False  # the parent is another process's (the client's)
+
+
+def readable(span: Any) -> SpanData:
+    """An SDK ``ReadableSpan`` as SpanData."""
+    parent = span.parent
+    status = span.status
+    error = None
+    if status is not None and status.status_code.value == 2:  # StatusCode.ERROR
+        error = status.description or ""
+    return SpanData(span.name, span.kind.value + 1, span.context.span_id,
+                    parent.span_id if parent is not None else 0, span.start_time or 0,
+                    span.end_time or 0, tuple((span.attributes or {}).items()),
+                    tuple((e.name, e.timestamp) for e in span.events), error,
+                    parent is not None and parent.is_remote)
 
 
 def _varint(n: int) -> bytes:
+    if n < 128:
+        return _SMALL[n]
     out = bytearray()
     while n > 0x7F:
         out.append((n & 0x7F) | 0x80)
@@ -59,72 +94,82 @@ def _any_value(value: object) -> bytes:
 
 
 class Encoder:
-    """Spans to ``ExportTraceServiceRequest`` bytes, for one resource and one scope."""
+    """Spans to ``ExportTraceServiceRequest`` bytes, for one resource and one scope.
+
+    A queued span with a ``render()`` method (``observe.tracing``'s request span) stands for
+    the spans it renders: a finished request's server span and its children, built here, in
+    the export thread, rather than on the event loop.
+    """
 
     def __init__(self, resource: Mapping[str, object], scope: str, version: str) -> None:
         self._kv_cache: dict[tuple[str, object], bytes] = {}
-        head = b"".join(_field(b"\x0a", self._kv(k, v)) for k, v in resource.items())
+        self._keys: dict[str, bytes] = {}
+        head = b"".join(b"\x0a" + self._kv(k, v) for k, v in resource.items())
         self._resource = _field(b"\x0a", head)  # ResourceSpans.resource = 1
         self._scope = _field(b"\x0a", _field(b"\x0a", scope.encode())
                              + _field(b"\x12", version.encode()))  # ScopeSpans.scope = 1
 
     def _kv(self, key: str, value: object) -> bytes:
-        """One ``KeyValue`` (cached: names, routes and engines repeat across spans)."""
-        cache_key = (key, value) if not isinstance(value, (list, float)) else None
-        if cache_key is not None:
-            hit = self._kv_cache.get(cache_key)
+        """One ``KeyValue``, length-prefixed as a repeated field's entry needs. Keys and
+        string values are cached (names, routes and engines repeat across spans)."""
+        cache = self._kv_cache
+        if isinstance(value, str) or value is None:
+            hit = cache.get((key, value))
             if hit is not None:
                 return hit
-        encoded = _field(b"\x0a", key.encode()) + _field(b"\x12", _any_value(value))
-        if cache_key is not None:
-            if len(self._kv_cache) >= 4096:
-                self._kv_cache.clear()
-            self._kv_cache[cache_key] = encoded
+        head = self._keys.get(key)
+        if head is None:
+            head = self._keys[key] = _field(b"\x0a", key.encode())
+        if type(value) is int and 0 <= value < 1 << 56:
+            body = b"\x18" + _varint(value)  # the common case: a count
+        elif type(value) is float:
+            body = b"\x21" + _D.pack(value)
+        else:
+            body = _any_value(value)
+        kv = head + b"\x12" + _varint(len(body)) + body
+        encoded = _varint(len(kv)) + kv
+        if isinstance(value, str):
+            if len(cache) >= 4096:
+                cache.clear()
+            cache[(key, value)] = encoded
         return encoded
 
-    def _attributes(self, tag: bytes, attributes: Mapping[str, Any] | None) -> list[bytes]:
-        return [_field(tag, self._kv(k, v)) for k, v in (attributes or {}).items()]
-
-    def span(self, span: Any) -> bytes:
-        """One ``Span`` message."""
-        ctx = span.context
-        parent = span.parent
+    def span(self, trace_id: bytes, sampled: int, span: SpanData) -> bytes:
+        """One ``Span`` message of the trace ``trace_id`` (16 bytes)."""
         name = span.name.encode()
-        parts = [b"\x0a\x10", ctx.trace_id.to_bytes(16, "big"),
-                 b"\x12\x08", ctx.span_id.to_bytes(8, "big")]
-        state = ctx.trace_state
-        if state:
-            parts.append(_field(b"\x1a", state.to_header().encode()))
-        if parent is not None:
-            parts += (b"\x22\x08", parent.span_id.to_bytes(8, "big"))
-        parts += (b"\x2a", _varint(len(name)), name,
-                  b"\x30", _varint(span.kind.value + 1),  # the SDK's kinds start at INTERNAL=0
-                  b"\x39", _Q.pack(span.start_time or 0),
-                  b"\x41", _Q.pack(span.end_time or 0))
-        parts += self._attributes(b"\x4a", span.attributes)
-        for event in span.events:
-            body = b"\x09" + _Q.pack(event.timestamp) + _field(b"\x12", event.name.encode())
-            body += b"".join(self._attributes(b"\x1a", event.attributes))
+        parts = [b"\x0a\x10", trace_id, b"\x12\x08", span.span_id.to_bytes(8, "big")]
+        if span.parent_id:
+            parts += (b"\x22\x08", span.parent_id.to_bytes(8, "big"))
+        parts += (b"\x2a", _varint(len(name)), name, b"\x30", _SMALL[span.kind],
+                  b"\x39", _Q.pack(span.start_ns), b"\x41", _Q.pack(span.end_ns))
+        kv = self._kv
+        for key, value in span.attributes:
+            parts += (b"\x4a", kv(key, value))
+        for event_name, at in span.events:
+            body = b"\x09" + _Q.pack(at) + _field(b"\x12", event_name.encode())
             parts.append(_field(b"\x5a", body))
-        status = span.status
-        if status is not None and status.status_code.value:
-            body = b"\x18" + _varint(status.status_code.value)
-            if status.description:
-                body = _field(b"\x12", status.description.encode()) + body
+        if span.error is not None:
+            body = (_field(b"\x12", span.error.encode()) if span.error else b"") + b"\x18\x02"
             parts.append(_field(b"\x7a", body))
         # flags: the W3C trace flags, and whether the parent is remote (known)
-        flags = int(ctx.trace_flags) | 0x100 | (0x200 if parent is not None and parent.is_remote
-                                                else 0)
+        flags = sampled | 0x100 | (0x200 if span.remote_parent else 0)
         parts += (b"\x85\x01", _I.pack(flags))
         return b"".join(parts)
 
     def request(self, spans: Iterable[Any]) -> bytes:
-        """The whole ``ExportTraceServiceRequest``."""
+        """The whole ``ExportTraceServiceRequest`` for a batch of queued spans."""
         encoded = []
-        for i, span in enumerate(spans, 1):
-            encoded.append(_field(b"\x12", self.span(span)))  # ScopeSpans.spans = 2
-            if i % _YIELD_EVERY == 0:
-                time.sleep(0)
+        count = 0
+        for queued in spans:
+            context = queued.context
+            trace_id = context.trace_id.to_bytes(16, "big")
+            sampled = int(context.trace_flags) & 0xFF
+            render = getattr(queued, "render", None)
+            for span in render() if render is not None else (readable(queued),):
+                encoded.append(_field(b"\x12", self.span(trace_id, sampled, span)))
+                count += 1
+                if count % _YIELD_EVERY == 0:
+                    time.sleep(0)
         scope_spans = _field(b"\x12", self._scope + b"".join(encoded))
         return _field(b"\x0a", self._resource + scope_spans)
 
