@@ -44,12 +44,18 @@ class Phase:
         return 1000.0 * self.cpu_s / self.tokens if self.tokens else float("nan")
 
     @property
+    def cpu_ms_per_request(self) -> float:
+        """Router CPU per answer in the window (every process of the router's tree)."""
+        return 1000.0 * self.cpu_s / self.requests if self.requests else float("nan")
+
+    @property
     def client_cpu_s_per_1k_tokens(self) -> float:
         return 1000.0 * self.client_cpu_s / self.tokens if self.tokens else float("nan")
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["cpu_s_per_1k_tokens"] = self.cpu_s_per_1k_tokens
+        out["cpu_ms_per_request"] = self.cpu_ms_per_request
         return out
 
 

@@ -26,6 +26,12 @@ from .measure import Phase
 
 REPO = Path(__file__).resolve().parents[2]
 SYSTEMS = ("narwhal", "narwhal-2w", "vllm-router", "sglang-router", "litellm")
+OBSERVED = {
+    # Narwhal (1 worker) with an observability feature on, beside plain "narwhal" (both off)
+    "narwhal-traced": ["tracing.sample_ratio=1.0"],  # + tracing.otlp_endpoint: a local sink
+    "narwhal-logged": ["logging.access_log=true", "logging.format=json"],  # + access_log_file
+}
+"""Systems run only when named in ``--systems`` (their cost is reported per request)."""
 GATED_MAX_STREAMS = 64  # above it this 2-core host saturates: figures there are not gated
 QUICK = dict(
     streams="1,8", warmup=0.3, duration=0.5, ttft_ms=5, tpot_ms=1.0, systems="narwhal", saturation=0
@@ -40,7 +46,11 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="CI smoke run: Narwhal and direct only, 1 and 8 streams, ~3 s",
     )
     p.add_argument(
-        "--systems", default=",".join(SYSTEMS), help=f"comma list among {', '.join(SYSTEMS)}"
+        "--systems",
+        default=",".join(SYSTEMS),
+        help=f"comma list among {', '.join(SYSTEMS + tuple(OBSERVED))} (the last "
+        "with tracing to a local OTLP sink, or the access log, on; e.g. "
+        "--systems narwhal,narwhal-traced measures tracing's CPU per request)",
     )
     p.add_argument("--streams", default="1,64,256", help="concurrent streams per load")
     p.add_argument(
@@ -115,6 +125,24 @@ def _start(
         return systems.start_narwhal(
             name, engine_urls, 2, logdir, args.narwhal_src, args.narwhal_set
         )
+    if name in OBSERVED:
+        extra = list(OBSERVED[name])
+        sink = systems.start_otlp_sink(logdir) if name == "narwhal-traced" else None
+        if sink is not None:
+            extra.append(f"tracing.otlp_endpoint={sink.url}")
+        else:
+            extra.append(f"logging.access_log_file={logdir / (name + '-access.log')}")
+        try:
+            system = systems.start_narwhal(
+                name, engine_urls, 1, logdir, args.narwhal_src, [*args.narwhal_set, *extra]
+            )
+        except BaseException:
+            if sink is not None:
+                sink.stop()
+            raise
+        if sink is not None:
+            system.procs.append(sink)  # stopped with it; the router stays procs[0] (measured)
+        return system
     anchor = next(a for a in anchors.ANCHORS if a.name == name)
     system = anchors.start(anchor, venv, engine_urls, logdir, request_for)
     system.version = f"{name} {ready[name]}"
@@ -124,7 +152,7 @@ def _start(
 def main(argv: Sequence[str] | None = None) -> int:
     args = _args(argv)
     names = [n.strip() for n in args.systems.split(",") if n.strip()]
-    unknown = sorted(set(names) - set(SYSTEMS))
+    unknown = sorted(set(names) - set(SYSTEMS) - set(OBSERVED))
     if unknown:
         print(f"unknown system(s): {', '.join(unknown)}", file=sys.stderr)
         return 2
@@ -208,6 +236,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                             systems.set_engine_timing(engine_urls, tpot_ms=sim.tpot_ms)
                 if args.profile and name == "narwhal":
                     profiles.update(_profile(system, engine_urls, engine_pids, sim, args, logdir))
+                if name == "narwhal-traced":
+                    counts = systems.sink_counts(system.procs[-1])
+                    _log(f"{name}: the OTLP sink took {counts['posts']} posts, "
+                         f"{counts['bytes']} bytes of spans")
             finally:
                 system.stop()
             if args.stages and name == "narwhal":

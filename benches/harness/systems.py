@@ -252,3 +252,17 @@ def start_narwhal(
     from narwhal import __version__
 
     return System(name, [Target(url)], [proc], version=f"narwhal {__version__}")
+
+
+def start_otlp_sink(logdir: Path) -> Proc:
+    """The OTLP/HTTP sink a traced Narwhal exports to (``otlp_sink.py``)."""
+    proc = Proc("otlp-sink", [sys.executable, "-m", "benches.harness.otlp_sink"],
+                logdir / "otlp-sink.log")
+    proc.url = url_in(proc.wait_line("listening on", 30))
+    return proc
+
+
+def sink_counts(sink: Proc) -> dict[str, int]:
+    with urllib.request.urlopen(sink.url + "/stats", timeout=5) as resp:
+        counts: dict[str, int] = json.loads(resp.read())
+    return counts
