@@ -41,6 +41,8 @@ class Board:
         """phase "prefill" | "decode": a slot if fewer than limit of that phase (and, given
         total_limit, fewer than total_limit of both phases together) are in flight on the
         engine (checked and taken atomically across processes), else None."""
+    def queued(self) -> int:
+        """Requests waiting in the admission queues of every process (lock-free)."""
     def inflight(self, engine: int) -> tuple[int, int]:
         """(prefill, decode) in flight on the engine across every process (lock-free)."""
     def set_engine_up(self, engine: int, up: bool) -> None: ...

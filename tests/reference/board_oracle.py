@@ -162,6 +162,9 @@ class BoardOracle:
         self.inflight[engine][phase] += 1
         return OracleSlot(self, engine, phase)
 
+    def queued_now(self) -> int:
+        return self.queued
+
     def inflight_of(self, engine: int) -> tuple[int, int]:
         if not 0 <= engine < len(self.inflight):
             raise ValueError(f"engine {engine}")

@@ -111,6 +111,7 @@ class BoardMachine(RuleBasedStateMachine):
         )
         if 0 <= engine < ENGINES:
             assert self.board.inflight(engine) == self.oracle.inflight_of(engine)
+        assert self.board.queued() == self.oracle.queued_now()
         slot, twin = results[0][1], results[1][1]
         assert (slot is None) == (twin is None)
         if slot is not None:

@@ -56,6 +56,10 @@ class AdmissionQueue:
         self._arrivals += 1
         waiter = (self._arrivals, future, demand)
         waiters.append(waiter)
+        if self.notify_peers is not None:
+            # A peer's release between the failed try above and this enqueue saw nobody
+            # queued and woke no one: look again now that the board counts this request.
+            self.kick()
         timer = loop.call_later(max(0.0, wait_until - start), _expire, future)
         try:
             placement = await future
@@ -79,9 +83,11 @@ class AdmissionQueue:
         return placement, loop.time() - start
 
     def capacity_freed(self) -> None:
-        """A slot of this worker was released: place local waiters, and wake the peers."""
+        """A slot of this worker was released: place local waiters, and wake the peers when
+        any request waits anywhere (a lock-free read of the board: no wake-up write per
+        release while nobody queues)."""
         self.kick()
-        if self.notify_peers is not None:
+        if self.notify_peers is not None and self.scheduler.board.queued():
             self.notify_peers()
 
     def kick(self) -> None:

@@ -299,6 +299,11 @@ impl Board {
         ))
     }
 
+    /// Requests waiting in the admission queues of every process (a lock-free read).
+    pub fn queued(&self) -> u64 {
+        self.body().totals.queued.load(Ordering::Relaxed)
+    }
+
     /// Sets an engine's `up` gauge.
     pub fn set_engine_up(&self, engine: usize, up: bool) -> Result<(), BoardError> {
         self.check_engine(engine)?;

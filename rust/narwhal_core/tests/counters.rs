@@ -201,6 +201,7 @@ fn limits_are_exact() {
     assert!(board.arrive(3).1);
 
     assert!(tickets[1].0.enqueue(1));
+    assert_eq!(board.queued(), 1);
     assert!(tickets[1].0.enqueue(1), "holding a place already");
     assert!(!tickets[2].0.enqueue(1));
     assert_eq!(board.snapshot().queued, 1);

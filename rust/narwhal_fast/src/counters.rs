@@ -68,6 +68,10 @@ impl PyBoard {
         Ok(slot.map(|slot| PySlot { slot }))
     }
 
+    fn queued(&self) -> u64 {
+        self.board.queued()
+    }
+
     fn inflight(&self, engine: usize) -> PyResult<(u64, u64)> {
         self.board.inflight(engine).map_err(py_err)
     }
