@@ -41,8 +41,12 @@ class RequestContext:
         context (``traceparent``, ``tracestate``) as the client sent them (while tracing,
         each attempt replaces ``traceparent`` with its own span's)."""
         get = self.headers.get
-        return tuple((raw, value.encode("latin-1"))
-                     for name, raw in _FORWARDED if (value := get(name)))
+        out: tuple[tuple[bytes, bytes], ...] = ()
+        for name, raw in _FORWARDED:
+            value = get(name)
+            if value:
+                out += ((raw, value.encode("latin-1")),)
+        return out
 
     def ensure_request_id(self) -> str:
         """The client's ``X-Request-Id``, or a fresh one (16 hex digits, so an engine's
