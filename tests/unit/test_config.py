@@ -524,3 +524,54 @@ def test_demo_config_defaults_and_errors() -> None:
         demo_config([])
     with pytest.raises(ConfigError, match=re.escape("engines[0].url")):
         demo_config(["https://127.0.0.1:9001"])
+
+
+# ---------------------------------------------------------------- several models
+
+
+def models_doc(models: Any, engines: Any = None) -> dict[str, Any]:
+    return {"models": models,
+            "engines": engines or [{"name": "a0", "url": "http://10.0.0.5:8000"}]}
+
+
+def test_models_and_engine_models_parse() -> None:
+    config = parse_config(models_doc(
+        [{"name": "llama", "aliases": ["l8b"], "ttft_budget_s": 1}, {"name": "qwen"}],
+        [{"name": "a0", "url": "http://h:1", "models": ["llama"]},
+         {"name": "b0", "url": "http://h:2"}]))
+    assert config.model is None and config.default_model == "llama"
+    assert [(m.name, m.aliases, m.ttft_budget_s) for m in config.served_models] == [
+        ("llama", ("l8b",), 1.0), ("qwen", (), None)]
+    assert [e.models for e in config.engines] == [("llama",), None]
+    one = parse_config(minimal())
+    assert one.models == () and [m.name for m in one.served_models] == ["m"]
+
+
+@pytest.mark.parametrize(("data", "key", "text"), [
+    (minimal(models=[{"name": "x"}]), "models", "give one or the other"),
+    (models_doc([]), "models", "must be a non-empty list, got []"),
+    (models_doc([{"name": "a", "aliases": ["b", "b"]}]), "models[0].aliases[1]",
+     "is listed twice, got 'b'"),
+    (models_doc([{"name": "a", "aliases": ["x"]}, {"name": "x"}]), "models[1].name",
+     "duplicates models[0].aliases[0], got 'x'"),
+    (models_doc([{"name": "a"}], [{"name": "a0", "url": "http://h:1", "models": ["b"]}]),
+     "engines[0].models[0]", "names no configured model, got 'b'"),
+    (models_doc([{"name": "a", "aliases": ["b"]}],
+                [{"name": "a0", "url": "http://h:1", "models": ["b"]}]),
+     "engines[0].models[0]", "(an alias at models[0].aliases[0]: name the model), got 'b'"),
+    (models_doc([{"name": "a"}, {"name": "c"}],
+                [{"name": "a0", "url": "http://h:1", "models": ["a"]}]),
+     "models[1].name", "no engine serves it (engines[].models), got 'c'"),
+    (models_doc([{"name": "a", "ttft_budget_s": 0}]), "models[0].ttft_budget_s",
+     "must be a number > 0, got 0"),
+    (models_doc([{"name": " a"}]), "models[0].name", "must not start or end with spaces"),
+    (models_doc([{"name": "a", "alias": ["b"]}]), "models[0].alias",
+     "unknown key (did you mean 'aliases'?)"),
+    (with_engine(models=[]), "engines[0].models", "must be a non-empty list, got []"),
+    (with_engine(models="m"), "engines[0].models", "must be a non-empty list, got 'm'"),
+])
+def test_model_errors_name_the_key_and_value(data: dict[str, Any], key: str,
+                                              text: str) -> None:
+    err = error_of(data)
+    assert err.key == key, str(err)
+    assert text in str(err)
