@@ -106,7 +106,7 @@ def test_minimal_file_takes_every_default() -> None:
             dialect="vllm",
             role="mixed",
             wave="default",
-            max_prefill=16,
+            max_prefill=256,
             max_decode=256,
             api_key_env=None,
             weight=1.0,

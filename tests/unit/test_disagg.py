@@ -134,7 +134,7 @@ def test_the_decode_leg_keeps_the_reserved_slot_and_frees_the_prefill_slot() -> 
 
 
 def test_a_mixed_engine_is_placed_only_with_a_decode_slot_to_come() -> None:
-    engines = fleet("mixed")  # max_decode 4, max_prefill 16
+    engines = fleet("mixed")  # max_decode 4, max_prefill 256
     sched = scheduler(engines)
     held = [sched.try_place(demand=Demand(10)) for _ in range(5)]
     assert all(p is not None for p in held[:4]) and held[4] is None

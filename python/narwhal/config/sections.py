@@ -102,7 +102,7 @@ class EngineConfig:
     dialect: Dialect = field(default="vllm", metadata=rule(str, choices=get_args(Dialect)))
     role: EngineRole = field(default="mixed", metadata=rule(str, choices=get_args(EngineRole)))
     wave: str = field(default="default", metadata=rule(str, check=wave_name))
-    max_prefill: int = field(default=16, metadata=rule(int, ge=1))
+    max_prefill: int = field(default=256, metadata=rule(int, ge=1))
     max_decode: int = field(default=256, metadata=rule(int, ge=1))
     api_key_env: str | None = field(default=None, metadata=rule(str, optional=True, check=env_name))
     weight: float = field(default=1.0, metadata=rule(float, gt=0))
