@@ -158,6 +158,14 @@ class SimApp:
             "# HELP vllm:generation_tokens_total Number of generation tokens processed.",
             "# TYPE vllm:generation_tokens_total counter",
             f"vllm:generation_tokens_total{labels} {float(e.generation_tokens_total)}",
+            "# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number "
+            "of queried tokens.",
+            "# TYPE vllm:prefix_cache_queries_total counter",
+            f"vllm:prefix_cache_queries_total{labels} {float(e.prefix_cache.queries_total)}",
+            "# HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of "
+            "cached tokens.",
+            "# TYPE vllm:prefix_cache_hits_total counter",
+            f"vllm:prefix_cache_hits_total{labels} {float(e.prefix_cache.hits_total)}",
         ]
         exchange.send(200, ("\n".join(lines) + "\n").encode(), content_type=_PROMETHEUS)
 
@@ -242,4 +250,5 @@ class SimApp:
     def _sim_reset(self, request: Request, exchange: Exchange) -> None:
         self.stats.reset()
         self.engine.reset_peaks()
+        self.engine.prefix_cache.clear()  # its counters keep counting, as Prometheus'.
         exchange.send(200, b'{"reset":true}')

@@ -10,9 +10,10 @@ from narwhal.sim import faults, logprobs
 from narwhal.sim import segments as sg
 
 
-def _usage(prompt: int, completion: int) -> dict[str, Any]:
+def _usage(prompt: int, completion: int, cached: int = 0) -> dict[str, Any]:
+    details = {"cached_tokens": cached} if cached else None
     return {"prompt_tokens": prompt, "total_tokens": prompt + completion,
-            "completion_tokens": completion, "prompt_tokens_details": None,
+            "completion_tokens": completion, "prompt_tokens_details": details,
             "completion_tokens_details": None}
 
 
@@ -82,7 +83,7 @@ def chat(rid: str, created: int, model: str, fingerprint: str, *, toks: list[sg.
          finish: str, prompt_ids: list[int], return_ids: bool, top_logprobs: int | None,
          legacy_reasoning: bool, id_fault: str | None, kv_transfer_params: Any = None,
          role: str = "assistant", echo: str | None = None,
-         hide_reasoning: bool = False) -> bytes:
+         hide_reasoning: bool = False, cached: int = 0) -> bytes:
     """``chat.completion`` body. ``echo``: the echoed text when echo was asked (vLLM then
     prepends it to the content, even to none). ``hide_reasoning``: include_reasoning false
     (no reasoning, and null logprobs and token IDs)."""
@@ -98,7 +99,7 @@ def chat(rid: str, created: int, model: str, fingerprint: str, *, toks: list[sg.
     return orjson.dumps({
         "id": rid, "object": "chat.completion", "created": created, "model": model,
         "choices": [choice], "service_tier": None, "system_fingerprint": fingerprint,
-        "usage": _usage(len(prompt_ids), len(toks)), "prompt_logprobs": None,
+        "usage": _usage(len(prompt_ids), len(toks), cached), "prompt_logprobs": None,
         "prompt_token_ids": prompt_ids if return_ids else None, "prompt_text": None,
         "kv_transfer_params": kv_transfer_params, "ec_transfer_params": None, "metrics": None,
     })
@@ -107,7 +108,8 @@ def chat(rid: str, created: int, model: str, fingerprint: str, *, toks: list[sg.
 def completion(rid: str, created: int, model: str, fingerprint: str, *,
                outputs: list[tuple[list[sg.Tok], str, list[int], str | None]],
                return_ids: bool, k: int | None, id_fault: str | None,
-               kv_transfer_params: Any = None, echo_only: bool = False) -> bytes:
+               kv_transfer_params: Any = None, echo_only: bool = False,
+               cached: int = 0) -> bytes:
     """``text_completion`` body; ``outputs`` holds (tokens, finish, prompt ids, echoed text
     or None) per choice. ``echo_only``: echo with max_tokens 0 (the generated token is not
     shown, but counted and, when asked, its ID returned)."""
@@ -138,6 +140,6 @@ def completion(rid: str, created: int, model: str, fingerprint: str, *,
     return orjson.dumps({
         "id": rid, "object": "text_completion", "created": created, "model": model,
         "choices": choices, "service_tier": None, "system_fingerprint": fingerprint,
-        "usage": _usage(prompt_total, completion_total),
+        "usage": _usage(prompt_total, completion_total, cached),
         "kv_transfer_params": kv_transfer_params, "ec_transfer_params": None, "metrics": None,
     })

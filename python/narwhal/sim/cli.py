@@ -54,6 +54,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(capped by max_tokens)")
     parser.add_argument("--max-model-len", type=int, default=d.max_model_len,
                         help="context window; longer requests get vLLM's 400")
+    parser.add_argument("--kv-cache-tokens", type=int, default=d.kv_cache_tokens,
+                        help="prefix cache capacity in tokens, as vLLM's automatic prefix "
+                             "caching (16-token blocks, LRU eviction; prefill time only for "
+                             "uncached tokens); 0 (default): no prefix cache")
+    parser.add_argument("--enable-prompt-tokens-details", action="store_true",
+                        help="as vLLM: usage carries prompt_tokens_details.cached_tokens")
     parser.add_argument("--role", choices=ROLES, default="mixed",
                         help="disaggregation role: prefill serves NIXL prefill legs "
                              "(non-streaming) and normal requests; decode requires "
@@ -96,7 +102,8 @@ def settings_from(args: argparse.Namespace) -> SimSettings:
         prefill_tokens_per_s=args.prefill_tokens_per_s,
         prefill_overhead_ms=args.prefill_overhead_ms, tpot_ms=args.tpot_ms,
         tpot_growth_ms=args.tpot_growth_ms, output_len=args.output_len,
-        max_model_len=args.max_model_len, role=args.role, seed=args.seed,
+        max_model_len=args.max_model_len, kv_cache_tokens=args.kv_cache_tokens,
+        prompt_tokens_details=args.enable_prompt_tokens_details, role=args.role, seed=args.seed,
         keepalive_timeout_s=args.keepalive_timeout_s, api_key=args.api_key,
     )
 

@@ -277,6 +277,7 @@ class Completions:
         asked = body.get("model")
         model = asked if isinstance(asked, str) and asked in s.loras else s.served_model
         model_json, fp = orjson.dumps(model), s.fingerprint
+        details = s.prompt_tokens_details
         frames: ChatFrames | CompletionFrames | None = None
         build: Callable[[list[ChoiceJob]], bytes]
         if chat:
@@ -291,7 +292,8 @@ class Completions:
                                    legacy_reasoning=found.has("reasoning_content"),
                                    id_fault=opts.id_fault, kv_transfer_params=kv,
                                    role=opts.role, echo=c.echo,
-                                   hide_reasoning=opts.hide_reasoning)
+                                   hide_reasoning=opts.hide_reasoning,
+                                   cached=c.cached_tokens if details else 0)
         else:
             if ask.stream:
                 frames = CompletionFrames(rid, created, model_json, fp, opts)
@@ -301,10 +303,12 @@ class Completions:
                 return bodies.completion(rid, created, model, fp, outputs=outputs,
                                          return_ids=opts.return_ids, k=opts.logprobs,
                                          id_fault=opts.id_fault, kv_transfer_params=kv,
-                                         echo_only=opts.echo_only)
+                                         echo_only=opts.echo_only,
+                                         cached=sum(c.cached_tokens for c in choices)
+                                         if details else 0)
         response = Response(engine=self._engine, stats=self._stats, record=record,
                             exchange=exchange, stream=ask.stream, frames=frames,
-                            fault=found.fault, build_body=build)
+                            fault=found.fault, build_body=build, details=details)
         for index, (prompt_ids, plan) in enumerate(plans):
             job = ChoiceJob(response, index, prompt_ids, plan.tokens, plan.finish, ask.interval,
                             ask.echoes[index])

@@ -1,7 +1,8 @@
 """The simulated engine's batch scheduler: FIFO prefill, then decode steps over the batch.
 
 Prefills run one at a time in arrival order, each taking ``prefill_overhead +
-prompt_tokens / prefill_tokens_per_s``, so queued prefill work adds up; the prefill emits
+uncached prompt tokens / prefill_tokens_per_s`` (the prefix cache, ``prefix_cache.py``, is
+on with ``kv_cache_tokens``), so queued prefill work adds up; the prefill emits
 the first token. Decoding runs in steps on one timer: each step gives every running request
 one token and lasts ``tpot + tpot_growth * (running - 1)``. Two timer chains in total, no
 task or sleep per request.
@@ -14,6 +15,7 @@ import contextlib
 from collections import deque
 from typing import Protocol
 
+from narwhal.sim.prefix_cache import PrefixCache
 from narwhal.sim.settings import SimSettings
 
 
@@ -67,6 +69,7 @@ class Engine:
         self.generation_tokens_total = 0
         self.peak_running = 0  # most requests decoding at once (since start or reset_peaks)
         self.peak_waiting = 0  # most requests queued or in prefill at once
+        self.prefix_cache = PrefixCache(settings.kv_cache_tokens)
 
     @property
     def num_waiting(self) -> int:
@@ -120,6 +123,13 @@ class Engine:
         s = self._settings
         # A decode engine's remote-prefilled job pays only the overhead (the KV transfer).
         tokens = 0 if getattr(job, "kv_ready", False) else job.prompt_tokens
+        cache = self.prefix_cache
+        if tokens and cache.enabled:
+            ids = getattr(job, "prompt_ids", None)
+            if ids is not None:  # prefill time only for the uncached tokens
+                cached = cache.admit(ids)
+                job.cached_tokens = cached  # type: ignore[attr-defined]
+                tokens -= cached
         duration = s.prefill_overhead_ms / 1000.0 + tokens / s.prefill_tokens_per_s
         self._prefill_handle = self._loop.call_at(self._loop.time() + duration, self._prefilled)
 

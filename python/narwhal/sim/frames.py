@@ -43,13 +43,14 @@ class StreamOptions:
 class Choice:
     """The emission state of one choice that frames read (kept by the stream module)."""
 
-    __slots__ = ("echo", "first_sent", "index", "prompt_ids", "prompt_tokens", "sent",
-                 "text_offset")
+    __slots__ = ("cached_tokens", "echo", "first_sent", "index", "prompt_ids", "prompt_tokens",
+                 "sent", "text_offset")
 
     def __init__(self, index: int, prompt_ids: list[int], echo: str | None = None) -> None:
         self.index = index
         self.prompt_ids = prompt_ids
         self.prompt_tokens = len(prompt_ids)
+        self.cached_tokens = 0  # prompt tokens the engine's prefix cache held
         self.echo = echo  # the echoed text (None: no echo asked)
         self.sent = 0  # tokens already rendered into events
         self.first_sent = False
@@ -79,9 +80,13 @@ class _Frames:
         return b'{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}' % (
             prompt, prompt + completion, completion)
 
-    def usage_frame(self, prompt: int, completion: int) -> bytes:
-        """The final usage-only frame (no nulls), carrying the fingerprint."""
-        return self.top + b'[],"usage":' + self.usage_obj(prompt, completion) + self.fp + b"}\n\n"
+    def usage_frame(self, prompt: int, completion: int, cached: int = 0) -> bytes:
+        """The final usage-only frame (no nulls), carrying the fingerprint; ``cached``: the
+        prompt_tokens_details.cached_tokens to report (0: none, as vLLM)."""
+        usage = self.usage_obj(prompt, completion)
+        if cached:
+            usage = usage[:-1] + b',"prompt_tokens_details":{"cached_tokens":%d}}' % cached
+        return self.top + b'[],"usage":' + usage + self.fp + b"}\n\n"
 
 
 class ChatFrames(_Frames):

@@ -65,6 +65,8 @@ class SimSettings:
     tpot_growth_ms: float = 0.0
     output_len: str = "128"
     max_model_len: int = 8192
+    kv_cache_tokens: int = 0  # prefix cache capacity in tokens (LRU, 16-token blocks); 0: off
+    prompt_tokens_details: bool = False  # vLLM's --enable-prompt-tokens-details
     role: str = "mixed"
     seed: int = 0
     keepalive_timeout_s: float = 5.0
@@ -86,6 +88,8 @@ class SimSettings:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and value >= 0 and math.isfinite(value)):
                 raise ValueError(f"{name} must be a finite number >= 0")
+        if self.kv_cache_tokens < 0:
+            raise ValueError("kv_cache_tokens must be >= 0")
         if self.max_model_len < 2:
             raise ValueError("max_model_len must be >= 2")
         if self.role not in ROLES:
@@ -151,6 +155,8 @@ class SimSettings:
             "tpot_growth_ms": self.tpot_growth_ms,
             "output_len": self.output_len,
             "max_model_len": self.max_model_len,
+            "kv_cache_tokens": self.kv_cache_tokens,
+            "prompt_tokens_details": self.prompt_tokens_details,
             "role": self.role,
             "seed": self.seed,
         }

@@ -62,8 +62,10 @@ class Response:
 
     def __init__(self, *, engine: Engine, stats: Stats, record: Record, exchange: Exchange,
                  stream: bool, frames: Frames | None, fault: Fault | None,
-                 build_body: Callable[[list[ChoiceJob]], bytes] | None = None) -> None:
+                 build_body: Callable[[list[ChoiceJob]], bytes] | None = None,
+                 details: bool = False) -> None:
         self.engine = engine
+        self.details = details  # report prompt_tokens_details.cached_tokens
         self.stats = stats
         self.record = record
         self.exchange = exchange
@@ -152,7 +154,9 @@ class Response:
             return
         if self.frames.opts.include_usage:
             prompt = sum(c.prompt_tokens for c in self.choices)
-            events.append(self.frames.usage_frame(prompt, sum(c.total for c in self.choices)))
+            cached = sum(c.cached_tokens for c in self.choices) if self.details else 0
+            events.append(self.frames.usage_frame(prompt, sum(c.total for c in self.choices),
+                                                  cached))
         events.append(DONE)
         self.exchange.end(events)
         self._end(self._outcome())
