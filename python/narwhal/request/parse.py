@@ -69,7 +69,9 @@ def parse_request(route: str, raw: bytes, *, model: str | Mapping[str, Served]) 
     # Nesting deeper than MAX_DEPTH needs more than 2 * MAX_DEPTH bytes. A completion prompt
     # list is skipped here: _check_prompt admits only strings and integers inside it.
     skip = body.get("prompt") if not chat and type(body) is dict else None
-    if len(raw) > 2 * MAX_DEPTH and _deeper_than(body, MAX_DEPTH, skip):
+    # ... and at least MAX_DEPTH openers: counting them is a C-level scan of the raw bytes.
+    if (len(raw) > 2 * MAX_DEPTH and raw.count(b"[") + raw.count(b"{") > MAX_DEPTH
+            and _deeper_than(body, MAX_DEPTH, skip)):
         raise Refusal("invalid_json",
                       f"The request body is nested deeper than {MAX_DEPTH} levels.")
     if type(body) is not dict:

@@ -172,12 +172,17 @@ class HttpProtocol(asyncio.Protocol):
             return
         if self.active is None and not self.pending:
             self._arm(self.limits.header_timeout_s)  # the body must keep coming (idle timeout)
-        parsed = httptools.parse_url(self.url)
+        url = self.url
+        if url[:1] == b"/" and b"?" not in url and b"#" not in url:
+            path, query = url, b""  # origin form without a query: nothing to split
+        else:
+            parsed = httptools.parse_url(url)
+            path, query = parsed.path, parsed.query or b""
         headers = merge_headers(self.header_list)
         request = Request(
             self.parser.get_method().decode("ascii", "replace"),
-            parsed.path.decode("latin-1"),
-            (parsed.query or b"").decode("latin-1"),
+            path.decode("latin-1"),
+            query.decode("latin-1"),
             headers,
             self.loop.time(),
         )

@@ -45,6 +45,7 @@ class EngineClient:
         self._idle_timeout_s = idle_timeout_s
         self._path_prefix = parts.path.rstrip("/").encode("ascii")
         self._host_line = b"Host: " + parts.netloc.encode("idna") + b"\r\n"
+        self._lines: dict[tuple[str, str], bytes] = {}  # request lines built so far
         self._fixed_tail = b"Accept: */*\r\n" + b"".join(
             name + b": " + value + b"\r\n" for name, value in headers)
         # pool state
@@ -157,14 +158,23 @@ class EngineClient:
             raise UpstreamError("connect", f"connect to {self.url}: {exc}") from exc
         return conn
 
+    def _request_line(self, method: str, path: str) -> bytes:
+        """The request line and Host header of ``method path`` (checked and built once)."""
+        line = self._lines.get((method, path))
+        if line is None:
+            if not path.startswith("/") or _BAD_PATH.search(path):
+                raise ValueError(f"invalid request path {path!r}")
+            line = b"".join((method.encode("ascii"), b" ", self._path_prefix,
+                             path.encode("ascii"), b" HTTP/1.1\r\n", self._host_line))
+            if len(self._lines) < 256:
+                self._lines[(method, path)] = line
+        return line
+
     def _serialize(self, method: str, path: str, body: bytes,
                    headers: Sequence[tuple[bytes, bytes]]) -> bytes:
-        if not path.startswith("/") or _BAD_PATH.search(path):
-            raise ValueError(f"invalid request path {path!r}")
         if headers:
             _check_headers(headers)
-        parts = [method.encode("ascii"), b" ", self._path_prefix, path.encode("ascii"),
-                 b" HTTP/1.1\r\n", self._host_line]
+        parts = [self._request_line(method, path)]
         if body or method in _BODY_METHODS:
             parts += (b"Content-Length: ", str(len(body)).encode("ascii"), b"\r\n")
         if body and not any(name.lower() == b"content-type" for name, _ in headers):
