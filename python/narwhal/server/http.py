@@ -84,6 +84,7 @@ class HttpProtocol(asyncio.Protocol):
         self.active: Responder | None = None
         self.active_task: asyncio.Task[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
+        self.deadline: float | None = None  # when an idle or slow connection closes
         self.closing = False
         self.reading_paused = False
         self.running_next = False
@@ -113,6 +114,9 @@ class HttpProtocol(asyncio.Protocol):
         self.closing = True
         self.server.connections.discard(self)
         self._disarm()
+        if self.timer is not None:  # nothing to time any more: let the connection go
+            self.timer.cancel()
+            self.timer = None
         self.flow.release()
         if self.current is not None:
             self.app.on_abandon(self.current)
@@ -212,7 +216,7 @@ class HttpProtocol(asyncio.Protocol):
         if request is None or self.discarding:
             return
         request.body_size += len(body)
-        if self.timer is not None:
+        if self.deadline is not None:
             self._arm(self.limits.header_timeout_s)
         if request.body_size > self.limits.max_request_bytes and request.early is None:
             request.early = self.app.on_body_too_large(request)
@@ -350,16 +354,30 @@ class HttpProtocol(asyncio.Protocol):
             )
 
     def _arm(self, delay: float) -> None:
-        self._disarm()
-        self.timer = self.loop.call_later(delay, self._timeout)
+        """Close the connection ``delay`` seconds from now unless re-armed or disarmed. One
+        timer serves every deadline: a later deadline keeps the timer already set (it looks
+        again when it fires), so a request does not cancel and schedule timers 4 times."""
+        when = self.loop.time() + delay
+        self.deadline = when
+        timer = self.timer
+        if timer is not None:
+            if timer.when() <= when:
+                return
+            timer.cancel()
+        self.timer = self.loop.call_at(when, self._timeout)
 
     def _disarm(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        self.deadline = None  # a timer still set finds nothing to do
 
     def _timeout(self) -> None:
         self.timer = None
+        deadline = self.deadline
+        if deadline is None:
+            return
+        if self.loop.time() < deadline:
+            self.timer = self.loop.call_at(deadline, self._timeout)
+            return
+        self.deadline = None
         if self.active is None and not self.pending:
             self.close()
 
