@@ -4,6 +4,7 @@ import os
 from typing import Any, final
 
 __all__ = [
+    "BUILD_PROFILE",
     "Board",
     "Slot",
     "StreamError",
@@ -14,6 +15,8 @@ __all__ = [
 ]
 
 __version__: str
+BUILD_PROFILE: str
+"""The Cargo profile kind the extension was compiled with: "release" or "debug"."""
 
 # --- accounting board (rust/narwhal_core/src/counters.rs) --------------------------------
 

@@ -7,6 +7,13 @@ mod stream;
 #[pymodule]
 fn _narwhal_fast(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    // What `narwhal --version` reports: an unoptimised (debug-assertion) build is "debug".
+    let profile = if cfg!(debug_assertions) {
+        "debug"
+    } else {
+        "release"
+    };
+    m.add("BUILD_PROFILE", profile)?;
     counters::register(m)?;
     stream::register(m)?;
     Ok(())
