@@ -4,18 +4,43 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import platform
 import subprocess
 import sys
 from collections.abc import Sequence
+from typing import Any, NoReturn
 
 from narwhal import __version__
+
+
+def version_line() -> str:
+    """``narwhal --version``: the package, its Rust core and the core's build profile."""
+    from narwhal import _narwhal_fast as core
+
+    return (
+        f"narwhal {__version__} (Rust core {core.__version__}, {core.BUILD_PROFILE} build; "
+        f"{platform.python_implementation()} {platform.python_version()})"
+    )
+
+
+class _Version(argparse.Action):
+    """Like argparse's version action, but loads the Rust core only when asked."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object) -> NoReturn:
+        print(version_line())
+        parser.exit()
 
 
 def _parser() -> argparse.ArgumentParser:
     from narwhal.sim import cli as sim_cli
 
     parser = argparse.ArgumentParser(prog="narwhal", description=__doc__)
-    parser.add_argument("--version", action="version", version=f"narwhal {__version__}")
+    parser.add_argument(
+        "--version", action=_Version, help="the package, Rust core and build profile"
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="run the router")
@@ -42,6 +67,7 @@ DEMO_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
 def _serve(args: argparse.Namespace) -> int:
     from narwhal.config import ConfigError, Listen, demo_config, load_config
+    from narwhal.fleet.ha import MissingExtra, check_backend
     from narwhal.observe import TracingUnavailable, check_tracing
     from narwhal.observe.logs import setup_logging
     from narwhal.serve import serve, start_demo_engines, stop_processes
@@ -57,7 +83,8 @@ def _serve(args: argparse.Namespace) -> int:
             extra = f"; demo engines: {' '.join(urls)}"
         else:
             config = load_config(args.config)
-    except (ConfigError, OSError) as exc:
+        check_backend(config.ha.lease)
+    except (ConfigError, OSError, MissingExtra) as exc:
         print(f"narwhal: {exc}", file=sys.stderr)
         stop_processes(procs)
         return 2

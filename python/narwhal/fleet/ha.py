@@ -54,6 +54,24 @@ return 0
 """
 
 
+class MissingExtra(RuntimeError):
+    """A configured backend whose client library, an optional extra, is not installed."""
+
+
+def check_backend(lease: Lease) -> None:
+    """Raise MissingExtra, naming the extra to install, when the lease backend's client is
+    missing: at start-up, before any worker, rather than when the lease loop first runs."""
+    if lease.backend != "redis":
+        return
+    try:
+        import redis  # noqa: F401
+    except ImportError as exc:
+        raise MissingExtra(
+            "ha.lease.backend is 'redis' but the Redis client is not installed; "
+            "install the extra: pip install 'narwhal[redis]'"
+        ) from exc
+
+
 class Role(Protocol):
     """What the router state needs from HA, with or without a lease backend."""
 
@@ -251,5 +269,6 @@ class RedisLease:
 def make_role(role: str, lease: Lease) -> Role:
     """The HA role keeper the configuration asks for."""
     if lease.backend == "redis":
+        check_backend(lease)
         return RedisLease(lease)
     return StaticRole(role)
