@@ -6,6 +6,8 @@ from typing import Any, final
 __all__ = [
     "BUILD_PROFILE",
     "Board",
+    "PrefixIndex",
+    "PrefixProbe",
     "Slot",
     "StreamError",
     "StreamSession",
@@ -192,3 +194,36 @@ class StreamSession:
     @property
     def state(self) -> int:
         """0 open, 1 done, 2 failed."""
+
+# --- prefix index (rust/narwhal_core/src/prefix.rs) --------------------------------------
+
+@final
+class PrefixProbe:
+    """One prompt's chained chunk hashes and the leading chunks each engine held."""
+
+    @property
+    def chunks(self) -> int:
+        """Full chunks of the prompt's text (a partial last chunk is not indexed)."""
+    def matched(self, engine: int) -> int:
+        """Leading chunks ``engine`` held when probed (0 out of range)."""
+
+@final
+class PrefixIndex:
+    """Per engine, a bounded LRU of chained chunk hashes (an approximate radix tree over
+    the prompt text's ``chunk_bytes``-byte chunks); one engine per capacity (hashes)."""
+
+    def __new__(cls, capacities: list[int], chunk_bytes: int = 64) -> PrefixIndex: ...
+    @property
+    def chunk_bytes(self) -> int:
+        """The chunk size in bytes (rounded up to a multiple of 8)."""
+    def probe(self, text: str) -> PrefixProbe:
+        """Hash the text's chunks and match them on every engine."""
+    def insert(self, engine: int, probe: PrefixProbe) -> int:
+        """A placement on ``engine``: its chunks become the most recent there (the last
+        ``capacity`` of them when longer); return the leading chunks held before."""
+    def forget(self, engine: int, probe: PrefixProbe, keep: int) -> None:
+        """The engine reported holding only the first ``keep`` chunks: forget the rest."""
+    def set_capacity(self, engine: int, capacity: int) -> None:
+        """Resize one engine's index, evicting the least recently placed."""
+    def state(self, engine: int) -> tuple[int, int, int, int] | None:
+        """``(blocks held, capacity, chunks placed, of them matched)``; None out of range."""

@@ -6,6 +6,7 @@ pub mod error;
 pub mod expose;
 pub mod histogram;
 pub mod outcome;
+pub mod prefix;
 pub mod session;
 pub mod shm;
 pub mod snapshot;

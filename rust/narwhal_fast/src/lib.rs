@@ -2,6 +2,7 @@
 use pyo3::prelude::*;
 
 mod counters;
+mod prefix;
 mod stream;
 
 #[pymodule]
@@ -16,5 +17,6 @@ fn _narwhal_fast(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("BUILD_PROFILE", profile)?;
     counters::register(m)?;
     stream::register(m)?;
+    prefix::register(m)?;
     Ok(())
 }
