@@ -117,7 +117,7 @@ def test_invariant_under_saturation(tmp_path: Path, workers: int) -> None:
         assert gauges and all(v == 0 for v in gauges.values()), gauges
         assert m["narwhal_cancelled_total"] > 0
         assert (
-            m['narwhal_rejected_total{reason="retention_full"}']
+            m.get('narwhal_rejected_total{reason="retention_full"}', 0)
             + m.get('narwhal_rejected_total{reason="queue_full"}', 0)
             > 0
         )

@@ -122,11 +122,17 @@ def test_streams_without_ids_pass_unchanged_and_fail_when_ids_are_required(
     assert strict.failure[0] == "malformed_engine_output"
 
 
-def test_drop_usage_removes_the_usage_frame_only(impl: str) -> None:
+def test_drop_usage_removes_the_usage_frame_and_keeps_its_fingerprint(impl: str) -> None:
+    """The usage frame the client did not ask for goes; its system_fingerprint lands on the
+    finish event, where vLLM stamps it when the client asks no usage (engine-protocol.md)."""
     s = session(impl, "chat", drop_usage=True, expose_token_ids=True)
     out, _, _ = s.feed(CHAT_IDS.body)
     events = CHAT_IDS.events()
-    assert out == b"".join(b"data: " + e + b"\n\n" for e in events[:-1]) + DONE
+    fingerprint = json.loads(events[-1])["system_fingerprint"]
+    assert fingerprint
+    finish = events[-2][:-1] + b',"system_fingerprint":' + json.dumps(fingerprint).encode() + b"}"
+    want = [*events[:-2], finish]
+    assert out == b"".join(b"data: " + e + b"\n\n" for e in want) + DONE
 
 
 def test_every_two_way_split_gives_the_same_bytes(impl: str) -> None:
