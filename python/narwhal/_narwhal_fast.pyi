@@ -186,6 +186,10 @@ class StreamSession:
         """The prompt's length as the engine counted it: the first prompt_token_ids list
         seen, or usage.prompt_tokens (which wins); None until the engine said."""
     @property
+    def engine_cached_tokens(self) -> int | None:
+        """usage.prompt_tokens_details.cached_tokens (the engine's prefix-cache hit), when
+        the engine's usage carried it as a nonnegative integer; else None."""
+    @property
     def events(self) -> int:
         """Events accepted so far, not counting [DONE]."""
     @property

@@ -242,6 +242,7 @@ class StreamSession:
         self.engine_error_message: str | None = None
         self.engine_usage_completion_tokens: int | None = None
         self.engine_prompt_tokens: int | None = None  # the first prompt ID list, or usage
+        self.engine_cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens
         self.events = self.ids_total = self.output_events = 0
         self.out = bytearray()
         self.held = b""  # drop_usage: the last finish event, waiting for a fingerprint
@@ -322,6 +323,9 @@ class StreamSession:
             self.engine_prompt_tokens = prompt
         if is_uint(usage.get("prompt_tokens")):
             self.engine_prompt_tokens = usage["prompt_tokens"]
+        details = usage.get("prompt_tokens_details")
+        if isinstance(details, dict) and is_uint(details.get("cached_tokens")):
+            self.engine_cached_tokens = details["cached_tokens"]
 
     def check_ids(self, ev: dict[str, Any]) -> tuple[int, bool, int | None]:
         """(IDs, the event carries output, the length of its first prompt ID list)."""

@@ -278,11 +278,15 @@ def stream(draw: st.DrawFn, route: str) -> tuple[dict[str, Any], list[bytes]]:
     ids = draw(st.booleans()) or bool(opts["require_token_ids"])
     events: list[Any] = draw(chat_events(ids) if route == "chat" else completion_events(ids))
     if draw(st.booleans()):
-        usage = {
+        usage: dict[str, Any] = {
             "prompt_tokens": 5,
             "total_tokens": 9,
             "completion_tokens": draw(st.integers(0, 9)),
         }
+        details: Any = draw(st.sampled_from([None, {}, {"cached_tokens": 4}, {"cached_tokens": -1},
+                                             {"cached_tokens": "x"}, [], ...]))
+        if details is not ...:
+            usage["prompt_tokens_details"] = details
         events.append(chunk(route, [], usage=usage, system_fingerprint="fp"))
     done = True
     if draw(st.booleans()):
@@ -312,6 +316,7 @@ def run(cls: Any, route: str, opts: dict[str, Any], reads: list[bytes]) -> dict[
         "engine_error": s.engine_error,
         "usage_tokens": s.engine_usage_completion_tokens,
         "prompt_tokens": s.engine_prompt_tokens,
+        "cached_tokens": s.engine_cached_tokens,
         "started": s.started,
     }
     if opts["assemble"]:

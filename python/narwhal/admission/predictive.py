@@ -4,7 +4,8 @@ The budget is the model's own ``models[].ttft_budget_s`` when set (an adapter ta
 model's), else ``admission.ttft_budget_s``; the projection counts the engines serving the
 model and the requests queued for it.
 
-Projected TTFT on an engine = the expected admission wait + this prompt's prefill there.
+Projected TTFT on an engine = the expected admission wait + this prompt's prefill there,
+counting only the tokens its prefix cache probably lacks (as placement projects it).
 The expected wait counts the prefill work already placed on the engine (in flight and
 queued on it, from the learned model) and the requests waiting in the router's admission
 queue ahead of this one, spread over the engines as they free up. The projection is the
@@ -57,11 +58,12 @@ class PredictiveAdmission:
         self.learning = learning
         self.scheduler = scheduler
 
-    def admit(self, parsed: Parsed, prompt_tokens: int, band: float = 0.0) -> Demand:
+    def admit(self, parsed: Parsed, prompt_tokens: int, band: float = 0.0,
+              session: str | None = None) -> Demand:
         """The request's demand; raises Refusal when predictive admission refuses it, and
         NearBudget when ``band`` (the relative error of ``prompt_tokens``) could change the
         decision, so the caller may size the prompt exactly and ask again."""
-        demand = self.scheduler.demand(parsed, prompt_tokens)
+        demand = self.scheduler.demand(parsed, prompt_tokens, session)
         if self.predictive:
             self.check(demand, band)
         return demand
@@ -113,9 +115,11 @@ class PredictiveAdmission:
                           1.0 / per_request if per_request > 0 else 0.0))
         level = water_level(waits, queued)
         best: Projection | None = None
-        alone = min(learning.prefill_model(e).seconds(demand.prompt_tokens) for e in engines)
-        for engine, (wait, _) in zip(engines, waits, strict=True):
-            own = learning.prefill_model(engine).seconds(demand.prompt_tokens)
+        # Only the tokens each engine's prefix cache lacks (the placement's projection).
+        owns = [learning.prefill_model(e).seconds(learning.uncached_tokens(e, demand))
+                for e in engines]
+        alone = min(owns)
+        for engine, (wait, _), own in zip(engines, waits, owns, strict=True):
             candidate = Projection(engine, max(wait, level), own, alone)
             if best is None or candidate.ttft_s < best.ttft_s:
                 best = candidate

@@ -105,5 +105,7 @@ class InfoRoutes:
                 learned["output_length_by_model"] = {
                     served.name: learning.output.describe(learning.lengths(served))
                     for served in catalog.served_on(engine.index)}
+            prefix = learning.prefix
+            described["prefix_index"] = prefix.describe(engine) if prefix is not None else None
             out.append(described)
         return out

@@ -68,6 +68,13 @@ def engine_name(value: str) -> str | None:
     return "must be 1-64 letters, digits, '.', '_' or '-' (it appears in URLs and metrics)"
 
 
+def header_name(value: str) -> str | None:
+    """An HTTP header field name (a token); matched without regard to case."""
+    if value and all(c.isascii() and (c.isalnum() or c in "!#$%&'*+-.^_`|~") for c in value):
+        return None
+    return "must be an HTTP header name (letters, digits, '-' and the like)"
+
+
 def model_name(value: str) -> str | None:
     """A model name clients may send: no surrounding or control whitespace."""
     if value != value.strip() or any(ord(c) < 32 for c in value):

@@ -12,6 +12,7 @@ from narwhal.config.schema import (
     engine_name,
     engine_url,
     env_name,
+    header_name,
     lease_url,
     model_name,
     otlp_url,
@@ -80,6 +81,10 @@ class Scheduling:
         default="lowest_ttft", metadata=rule(str, choices=get_args(PlacementPolicy))
     )
     affinity_prefix_chars: int = field(default=256, metadata=rule(int, ge=1))
+    # Cache-aware projection: a per-engine index of the prompt prefixes each engine holds.
+    prefix_cache: bool = field(default=True, metadata=rule(bool))
+    prefix_chunk_bytes: int = field(default=64, metadata=rule(int, ge=8, le=4096))
+    session_header: str = field(default="x-session-id", metadata=rule(str, check=header_name))
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +109,7 @@ class EngineConfig:
     wave: str = field(default="default", metadata=rule(str, check=wave_name))
     max_prefill: int = field(default=256, metadata=rule(int, ge=1))
     max_decode: int = field(default=256, metadata=rule(int, ge=1))
+    kv_cache_tokens: int = field(default=262144, metadata=rule(int, ge=0))
     api_key_env: str | None = field(default=None, metadata=rule(str, optional=True, check=env_name))
     weight: float = field(default=1.0, metadata=rule(float, gt=0))
     header_timeout_s: float = field(default=5.0, metadata=rule(float, gt=0))

@@ -66,6 +66,10 @@ class CompletionFlow:
         self.sizing = sizing
         self.predictive = predictive
         self.scheduler = scheduler
+        # The session header (lower case) when the cache-aware projection can use it.
+        self.session_header = (config.scheduling.session_header.lower()
+                               if learning.prefix is not None and scheduler.policy.cache_aware
+                               else None)
         self.queue = queue
         self.learning = learning
         self.state_refusal = state_refusal
@@ -132,9 +136,11 @@ class CompletionFlow:
             if obs is not None:
                 obs.parsed(parsed)
             tokens = await self.sizer.size(parsed)
+            header = self.session_header
+            session = request.headers.get(header) if header is not None else None
             try:
                 demand: Demand | None = self.predictive.admit(
-                    parsed, tokens, self.sizing.band(parsed))
+                    parsed, tokens, self.sizing.band(parsed), session)
             except NearBudget:  # the decision hangs on the exact count: ask for it
                 assert self.sizing.exact is not None
                 tokens, demand = await self.sizing.exact.size(parsed), None
@@ -146,7 +152,7 @@ class CompletionFlow:
                 if model_ticket is not None:
                     model_ticket.sized(tokens)
             if demand is None:
-                demand = self.predictive.admit(parsed, tokens)
+                demand = self.predictive.admit(parsed, tokens, session=session)
             deadlines = Deadlines.from_headers(
                 request.headers, ctx.arrival, self.serving.request_timeout_s
             )

@@ -406,6 +406,10 @@ class Relay:
             counted = session.engine_prompt_tokens
             if counted is not None:
                 self.calibration.observe(self.parsed, counted)
+        caches = self.learning.prefix
+        if caches is not None and self.placement.track.demand.probe is not None:
+            caches.report(self.placement.engine.index, self.placement.track.demand,
+                          session.engine_prompt_tokens, session.engine_cached_tokens)
         if self.first_token_at is None:
             return
         tokens = session.output_tokens

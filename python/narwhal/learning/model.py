@@ -22,6 +22,7 @@ from narwhal.learning.latency import DEFAULT_PREFILL, PrefillModel
 from narwhal.learning.learned import EngineLearned
 from narwhal.learning.occupancy import Demand, PendingBook, Track
 from narwhal.learning.output_length import OutputLengths, Table
+from narwhal.learning.prefix import PrefixCaches
 from narwhal.learning.supervisor import Supervisor
 from narwhal.learning.tpot import attempt_tpot
 from narwhal.request.models import Served
@@ -51,6 +52,9 @@ class Learning:
         self.pending = PendingBook()
         self.pendings: dict[Served, PendingBook] = {}  # other models' and adapters'
         self.on_profiled: Callable[[Engine], None] | None = None
+        self.prefix: PrefixCaches | None = None  # cache-aware projection (prefix.py)
+        if config is not None and config.scheduling.prefix_cache:
+            self.prefix = PrefixCaches(engines, config.scheduling.prefix_chunk_bytes)
         self.supervisor = Supervisor(
             self.learned, self.output, self._profiled,
             model=config.default_model if config is not None else "",
@@ -123,11 +127,20 @@ class Learning:
         ``prefill=False``: a disaggregated decode leg (its prefill ran elsewhere)."""
         now = time.monotonic()
         load = self.learned[engine.index].load
-        cost = self.prefill_model(engine).seconds(demand.prompt_tokens) if prefill else 0.0
+        cost = self.prefill_model(engine).seconds(self.uncached_tokens(engine, demand)) \
+            if prefill else 0.0
         track = Track(demand, engine.index, slot, now, cost, load.prefill_wait(now) + cost)
         load.place(track)
         self.pending.discard(demand)
+        if self.prefix is not None and demand.probe is not None and prefill:
+            self.prefix.placed(engine.index, demand)
         return track
+
+    def uncached_tokens(self, engine: Engine, demand: Demand) -> int:
+        """The prompt tokens ``engine`` must prefill: those its prefix cache probably lacks."""
+        if demand.probe is None:
+            return demand.prompt_tokens
+        return demand.prompt_tokens - PrefixCaches.cached_tokens(demand, engine.index)
 
     def on_first_token(self, track: Track, now_loop: float) -> None:
         """The attempt's first generated token (``now_loop``: the relay's loop time)."""

@@ -33,8 +33,9 @@ class Demand:
     or gives up.
     """
 
-    __slots__ = ("_book", "eligible", "expected_output", "max_tokens", "pending", "prefix",
-                 "prompt_tokens", "route", "served")
+    __slots__ = ("_book", "cached_per_chunk", "eligible", "expected_output", "max_tokens",
+                 "pending", "prefix", "probe", "prompt_tokens", "route", "served", "session",
+                 "session_home")
 
     def __init__(self, prompt_tokens: int, route: str = "completion",
                  max_tokens: int | None = None, prefix: int | None = None,
@@ -50,6 +51,12 @@ class Demand:
         self.expected_output = 0.0  # expected output tokens, when placement computed it
         self.pending = False
         self._book = book
+        # Cache-aware projection (learning/prefix.py): the prompt's prefix probe (None: not
+        # indexed), prompt tokens per indexed chunk, the session and its last engine.
+        self.probe: Any = None
+        self.cached_per_chunk = 0.0
+        self.session: str | None = None
+        self.session_home: tuple[int, int] | None = None
 
     def __enter__(self) -> Demand:
         if self._book is not None:

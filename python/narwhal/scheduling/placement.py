@@ -62,24 +62,32 @@ class Scheduler:
         return [e for e in usable(self.engines, served)
                 if not predictive or learning.profiled(e)]
 
-    def demand(self, parsed: Parsed, prompt_tokens: int) -> Demand:
-        """What ``parsed`` asks of the fleet (held pending while it waits for placement)."""
+    def demand(self, parsed: Parsed, prompt_tokens: int, session: str | None = None) -> Demand:
+        """What ``parsed`` asks of the fleet (held pending while it waits for placement);
+        ``session``: the client's session id (the affinity hint of the prefix index)."""
         prefix = prefix_key(parsed, self.prefix_chars) if self.policy.needs_prefix else None
         served = parsed.served
         demand = Demand(prompt_tokens, parsed.route, parsed.max_tokens, prefix,
                         self.learning.pending_for(served), served)
         demand.expected_output = self.learning.expected_output(demand)
         demand.eligible = self.eligible(served)  # admission and placement reuse it at once
+        caches = self.learning.prefix
+        if caches is not None and self.policy.cache_aware:
+            caches.probe(demand, parsed, session)
         return demand
 
     def candidate(self, engine: Engine, demand: Demand, now: float,
                   inflight: tuple[int, int] | None = None) -> Candidate:
         learning = self.learning
         prefill, decode = self.board.inflight(engine.index) if inflight is None else inflight
+        tokens = demand.prompt_tokens
+        cached = 0
+        if demand.probe is not None:  # only the tokens its prefix cache lacks
+            cached = tokens - learning.uncached_tokens(engine, demand)
         ttft = (learning.prefill_wait(engine, now)
-                + learning.prefill_model(engine).seconds(demand.prompt_tokens))
+                + learning.prefill_model(engine).seconds(tokens - cached))
         return Candidate(engine, ttft, learning.decode_load(engine, now) / engine.config.weight,
-                         prefill, decode)
+                         prefill, decode, cached)
 
     # -- placing -----------------------------------------------------------------------------
     def try_place(self, exclude: Engine | None = None,

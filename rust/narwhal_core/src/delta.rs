@@ -407,6 +407,8 @@ pub struct UsageInfo {
     /// `prompt_tokens`, when present and a nonnegative integer (informational: never fails).
     pub prompt_tokens: Option<u64>,
     pub has_prompt_tokens_details: bool,
+    /// `prompt_tokens_details.cached_tokens`, when a nonnegative integer (informational).
+    pub cached_tokens: Option<u64>,
     pub has_completion_tokens_details: bool,
     /// The object has at least one key.
     pub any_key: bool,
@@ -417,7 +419,12 @@ pub struct UsageInfo {
 pub fn parse_usage(raw: &RawValue) -> Result<UsageInfo, StreamError> {
     struct V;
     impl<'de> Visitor<'de> for V {
-        type Value = (UsageInfo, Option<Raw<'de>>, Option<Raw<'de>>);
+        type Value = (
+            UsageInfo,
+            Option<Raw<'de>>,
+            Option<Raw<'de>>,
+            Option<Raw<'de>>,
+        );
         fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
             f.write_str("usage as an object")
         }
@@ -425,6 +432,7 @@ pub fn parse_usage(raw: &RawValue) -> Result<UsageInfo, StreamError> {
             let mut u = UsageInfo::default();
             let mut ct = None;
             let mut pt = None;
+            let mut details = None;
             while let Some(Key(k)) = map.next_key::<Key<'de>>()? {
                 u.any_key = true;
                 match &*k {
@@ -432,7 +440,7 @@ pub fn parse_usage(raw: &RawValue) -> Result<UsageInfo, StreamError> {
                     "prompt_tokens" => pt = next_raw(&mut map)?,
                     "prompt_tokens_details" => {
                         u.has_prompt_tokens_details = true;
-                        map.next_value::<IgnoredAny>()?;
+                        details = next_raw(&mut map)?;
                     }
                     "completion_tokens_details" => {
                         u.has_completion_tokens_details = true;
@@ -443,11 +451,11 @@ pub fn parse_usage(raw: &RawValue) -> Result<UsageInfo, StreamError> {
                     }
                 }
             }
-            Ok((u, ct, pt))
+            Ok((u, ct, pt, details))
         }
     }
     let mut de = serde_json::Deserializer::from_str(raw.get());
-    let (mut info, ct, pt) = de::Deserializer::deserialize_map(&mut de, V)
+    let (mut info, ct, pt, details) = de::Deserializer::deserialize_map(&mut de, V)
         .map_err(|e| StreamError::malformed(format!("usage is not valid: {e}")))?;
     if let Some(r) = ct {
         info.completion_tokens = Some(as_u64(r).ok_or_else(|| {
@@ -458,7 +466,24 @@ pub fn parse_usage(raw: &RawValue) -> Result<UsageInfo, StreamError> {
         })?);
     }
     info.prompt_tokens = pt.and_then(as_u64);
+    info.cached_tokens = details.and_then(cached_tokens);
     Ok(info)
+}
+
+/// `cached_tokens` of a `prompt_tokens_details` object, when a nonnegative integer.
+fn cached_tokens(details: Raw<'_>) -> Option<u64> {
+    #[derive(serde::Deserialize)]
+    struct Details<'a> {
+        #[serde(borrow, default)]
+        cached_tokens: Option<Raw<'a>>,
+    }
+    if Kind::of(details) != Kind::Object {
+        return None;
+    }
+    serde_json::from_str::<Details<'_>>(details.get())
+        .ok()
+        .and_then(|d| d.cached_tokens)
+        .and_then(as_u64)
 }
 
 /// The message of an engine error event: `error.message`, a string `error`, or a flat

@@ -88,6 +88,8 @@ struct Core {
     /// The prompt's length as the engine counted it: its `prompt_token_ids` (the first
     /// list seen) or its usage's `prompt_tokens` (which wins: it covers every prompt).
     engine_prompt_tokens: Option<u64>,
+    /// Its usage's `prompt_tokens_details.cached_tokens` (the engine's prefix-cache hit).
+    engine_cached_tokens: Option<u64>,
     events: u64,
     read_count: u64,
     out: Vec<u8>,
@@ -132,6 +134,7 @@ impl StreamSession {
                 output_events: 0,
                 usage_completion_tokens: None,
                 engine_prompt_tokens: None,
+                engine_cached_tokens: None,
                 events: 0,
                 read_count: 0,
                 out: Vec::with_capacity(1024),
@@ -204,6 +207,12 @@ impl StreamSession {
     /// said; feeds the sizing estimate's calibration.
     pub fn engine_prompt_tokens(&self) -> Option<u64> {
         self.core.engine_prompt_tokens
+    }
+
+    /// The prompt tokens the engine found in its prefix cache, when its usage said
+    /// (`prompt_tokens_details.cached_tokens`); feeds the router's prefix index.
+    pub fn engine_cached_tokens(&self) -> Option<u64> {
+        self.core.engine_cached_tokens
     }
 
     /// Output length: the engine's usage when it sent one, else validated IDs (or events
@@ -413,6 +422,9 @@ impl Core {
             }
             if let Some(n) = u.prompt_tokens {
                 self.engine_prompt_tokens = Some(n);
+            }
+            if let Some(n) = u.cached_tokens {
+                self.engine_cached_tokens = Some(n);
             }
         }
     }
@@ -779,5 +791,9 @@ mod tests {
             Some(7),
             "usage covers every prompt"
         );
+        assert_eq!(s.engine_cached_tokens(), None);
+        let usage = r#"{"choices":[],"usage":{"prompt_tokens":40,"prompt_tokens_details":{"cached_tokens":32}}}"#;
+        s.feed(format!("data: {usage}\n\n").as_bytes());
+        assert_eq!(s.engine_cached_tokens(), Some(32));
     }
 }

@@ -106,6 +106,11 @@ impl PyStreamSession {
     }
 
     #[getter]
+    fn engine_cached_tokens(&self) -> Option<u64> {
+        self.inner.engine_cached_tokens()
+    }
+
+    #[getter]
     fn events(&self) -> u64 {
         self.inner.events()
     }

@@ -22,6 +22,7 @@ class Candidate:
     decode_load: float  # expected decode tokens still to come there, divided by its weight
     prefill_inflight: int  # requests in prefill there (every worker process)
     decode_inflight: int  # requests in decode there (every worker process)
+    cached_tokens: int = 0  # prompt tokens its prefix cache probably holds (counted out of ttft_s)
 
 
 class Policy(Protocol):
@@ -29,6 +30,7 @@ class Policy(Protocol):
 
     name: str
     needs_prefix: bool  # placement must compute the request's prompt-prefix key
+    cache_aware: bool  # projections count only the tokens an engine's prefix cache lacks
 
     def order(self, candidates: list[Candidate], demand: Demand) -> list[Candidate]:
         """Candidates best first; placement takes the first whose slot it can acquire."""

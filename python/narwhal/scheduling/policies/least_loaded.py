@@ -11,6 +11,7 @@ class LeastLoaded:
     """Counts requests, ignoring the learned model: the behaviour before learning."""
 
     name = "least_loaded"
+    cache_aware = False
     needs_prefix = False
 
     def order(self, candidates: list[Candidate], demand: Demand) -> list[Candidate]:

@@ -9,17 +9,32 @@ from narwhal.scheduling.policies.base import Candidate, tie_band
 
 class LowestTtft:
     """Projected TTFT = prefill work already placed on the engine ÷ its learned rate (with
-    overheads) + this prompt's prefill there. Engines within a small band of the best tie,
-    and among them the least expected decode work (per unit of weight) wins."""
+    overheads) + this prompt's prefill there, counting only the tokens the engine's prefix
+    cache probably lacks (``learning/prefix.py``). Engines within a small band of the best
+    tie; among them, those within one request's expected output of the least decode work
+    prefer the most cached tokens, then the least expected decode work (per unit of weight)
+    wins. Load and cache meet in the one projection: a hot prefix stays on its engine until
+    queueing there costs more than prefilling it elsewhere."""
 
     name = "lowest_ttft"
+    cache_aware = True
     needs_prefix = False
 
     def order(self, candidates: list[Candidate], demand: Demand) -> list[Candidate]:
         band = tie_band(candidates)
-        return sorted(candidates, key=lambda c: (c.ttft_s > band,
-                                                 c.ttft_s if c.ttft_s > band else 0.0,
-                                                 c.decode_load))
+        if demand.probe is None:
+            return sorted(candidates, key=lambda c: (c.ttft_s > band,
+                                                     c.ttft_s if c.ttft_s > band else 0.0,
+                                                     c.decode_load))
+        floor = min(c.decode_load for c in candidates if c.ttft_s <= band)
+        slack = floor + max(1.0, demand.expected_output)
+
+        def key(c: Candidate) -> tuple[bool, float, int, float]:
+            tied = c.ttft_s <= band
+            cached = c.cached_tokens if tied and c.decode_load <= slack else 0
+            return (not tied, 0.0 if tied else c.ttft_s, -cached, c.decode_load)
+
+        return sorted(candidates, key=key)
 
     def placed(self, engine: Engine, demand: Demand) -> None:
         pass

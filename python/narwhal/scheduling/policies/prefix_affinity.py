@@ -56,6 +56,7 @@ class PrefixAffinity:
     """Remembers which engine last took each prefix."""
 
     name = "prefix_affinity"
+    cache_aware = False
     needs_prefix = True
 
     def __init__(self) -> None:

@@ -406,6 +406,7 @@ mod tests {
             completion_tokens: None,
             prompt_tokens: None,
             has_prompt_tokens_details: p,
+            cached_tokens: None,
             has_completion_tokens_details: c,
             any_key: any,
         };
