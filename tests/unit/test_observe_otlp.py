@@ -1,5 +1,6 @@
 """The OTLP/HTTP exporter: what it encodes decodes with opentelemetry-proto to the spans the
-SDK holds, and posting to a collector that is down drops the batch without raising."""
+SDK would hold, and its thread posts batches, dropping them (without raising) while the
+collector is down."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Status as PbStatus
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
+from narwhal.observe import otlp
 from narwhal.observe.otlp import Encoder, OtlpHttpExporter
 
 TRACE = 0x0AF7651916CD43DD8448EB211C80319C
@@ -70,7 +72,7 @@ def decode(data: bytes) -> ExportTraceServiceRequest:
 
 def test_encoded_spans_decode_to_what_the_sdk_holds() -> None:
     encoder = Encoder({"service.name": "narwhal", "service.version": "1"}, "narwhal", "0.1.0")
-    request = decode(encoder.request(spans()))
+    request = decode(encoder.request(encoder.readable(spans())))
     (resource_spans,) = request.resource_spans
     resource = {kv.key: value_of(kv.value) for kv in resource_spans.resource.attributes}
     assert resource == {"service.name": "narwhal", "service.version": "1"}
@@ -101,7 +103,7 @@ def test_encoded_spans_decode_to_what_the_sdk_holds() -> None:
 def test_a_large_batch_round_trips() -> None:
     encoder = Encoder({"service.name": "narwhal"}, "narwhal", "0.1.0")
     batch = spans() * 300
-    request = decode(encoder.request(batch))
+    request = decode(encoder.request(encoder.readable(batch)))
     assert len(request.resource_spans[0].scope_spans[0].spans) == len(batch)
 
 
@@ -137,19 +139,21 @@ def collector() -> Iterator[Collector]:
         server.server_close()
 
 
-def test_the_exporter_posts_protobuf_to_v1_traces(collector: Collector) -> None:
+def test_the_export_thread_posts_protobuf_to_v1_traces(collector: Collector) -> None:
     port = collector.server_address[1]
     encoder = Encoder({"service.name": "narwhal"}, "narwhal", "0.1.0")
     exporter = OtlpHttpExporter(f"http://127.0.0.1:{port}", encoder)
-    assert exporter.export(spans()) and exporter.export(spans()[:1])
-    assert exporter.exported == 4 and exporter.dropped == 0
-    exporter.shutdown()
+    exporter.submit(encoder.readable(spans()))  # one request's spans
+    exporter.submit(encoder.readable(spans()[:1]))
+    exporter.close(5.0)  # sends what is queued, then stops
+    assert exporter.exported == 2 and exporter.dropped == 0
     assert [(p, t) for p, t, _ in collector.bodies] == [
-        ("/v1/traces", "application/x-protobuf")] * 2
-    assert len(decode(collector.bodies[0][2]).resource_spans[0].scope_spans[0].spans) == 3
+        ("/v1/traces", "application/x-protobuf")]
+    assert len(decode(collector.bodies[0][2]).resource_spans[0].scope_spans[0].spans) == 4
     # an endpoint that already names the traces path is used as it is
-    assert OtlpHttpExporter(f"http://127.0.0.1:{port}/otlp/v1/traces", encoder).path == (
-        "/otlp/v1/traces")
+    other = OtlpHttpExporter(f"http://127.0.0.1:{port}/otlp/v1/traces", encoder)
+    other.close(1.0)
+    assert other.path == "/otlp/v1/traces"
 
 
 def test_a_collector_that_is_down_drops_batches_and_warns_once(
@@ -157,11 +161,22 @@ def test_a_collector_that_is_down_drops_batches_and_warns_once(
 ) -> None:
     with Collector() as closed:  # a port nothing listens on once it is closed
         port = closed.server_address[1]
-    exporter = OtlpHttpExporter(f"http://127.0.0.1:{port}",
-                                Encoder({}, "narwhal", "0.1.0"), timeout_s=1.0)
+    encoder = Encoder({}, "narwhal", "0.1.0")
+    exporter = OtlpHttpExporter(f"http://127.0.0.1:{port}", encoder, timeout_s=1.0)
     with caplog.at_level(logging.WARNING, logger="narwhal.tracing"):
         for _ in range(3):
-            assert exporter.export(spans()) is False
-    assert exporter.dropped == 9 and exporter.exported == 0
+            assert exporter.export([encoder.readable(spans())]) is False
+        exporter.close(1.0)
+    assert exporter.dropped == 3 and exporter.exported == 0
     warnings = [r for r in caplog.records if r.name == "narwhal.tracing"]
     assert len(warnings) == 1 and f"127.0.0.1:{port}" in warnings[0].getMessage()
+
+
+def test_past_the_queue_bound_new_requests_are_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(otlp, "MAX_QUEUED", 5)
+    encoder = Encoder({}, "narwhal", "0.1.0")
+    exporter = OtlpHttpExporter("http://127.0.0.1:9", encoder)
+    exporter.close(5.0)  # nothing queued: the thread stops, and what comes later waits
+    for _ in range(8):
+        exporter.submit(b"x")
+    assert exporter.dropped == 3

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from narwhal.config import EngineConfig
 from narwhal.observe.access_log import AccessLog
-from narwhal.observe.otlp import CLIENT, INTERNAL, SERVER, SpanData
+from narwhal.observe.otlp import CLIENT, INTERNAL, SERVER, Encoder, SpanData
 from narwhal.observe.tracecontext import TraceContext, new_span_id
 from narwhal.observe.tracing import Tracer
 from narwhal.request.parse import Parsed
@@ -182,10 +182,8 @@ class Observation:
         if observer.access_log is not None:
             observer.access_log.write(self._record(cls, reason, status, end))
         tracer = observer.tracer
-        trace = self.trace
-        if tracer is not None and trace is not None and trace.sampled:
-            tracer.emit(trace, self._name(), self.start + self.offset, end + self.offset,
-                        self.render)
+        if tracer is not None and self.trace is not None and self.trace.sampled:
+            tracer.submit(self.encode(tracer.encoder))
 
     # -- figures -----------------------------------------------------------------------------
     def _seconds(self, since: int, until: int) -> float | None:
@@ -236,32 +234,33 @@ class Observation:
             record["trace_id"] = f"{self.trace.trace_id:032x}"
         return record
 
-    # -- spans (rendered in the export thread, once the request has finished) --------------
+    # -- spans: encoded once the request has finished -------------------------------------
     def _name(self) -> str:
         model = self.model
         if model is None:
             return f"POST {self.path}"
         return f"{OPERATIONS.get(self.route, '')} {model}"
 
-    def render(self) -> list[SpanData]:
-        """The server span and its children: sizing, admission wait, placement, attempts."""
+    def spans(self, encoder: Encoder) -> list[SpanData]:
+        """The server span and its children: sizing, admission wait, placement, attempts
+        (constant attributes pre-encoded by ``encoder``)."""
         trace = self.trace
         assert trace is not None and self.finished
         off, end, root = self.offset, self.end, trace.span_id
         name = self._name()
+        operation = OPERATIONS.get(self.route, "")
         gen_ai: list[tuple[str, object]] = []
         if self.model is not None:
-            gen_ai = [("gen_ai.operation.name", OPERATIONS.get(self.route, "")),
-                      ("gen_ai.request.model", self.model)]
+            gen_ai = [("gen_ai.operation.name", operation), ("gen_ai.request.model", self.model)]
         spans: list[SpanData] = []
         if self.parsed_at:
             spans.append(SpanData(
                 "narwhal.sizing", INTERNAL, new_span_id(), root, self.parsed_at + off,
                 (self.sized_at or end) + off,
-                [("gen_ai.usage.input_tokens", self.prompt_tokens or 0)]))
+                (("gen_ai.usage.input_tokens", self.prompt_tokens or 0),)))
         if self.sized_at:
-            waited = [] if self.queue_wait_s is None else [
-                ("narwhal.queue_wait_s", self.queue_wait_s)]
+            waited = () if self.queue_wait_s is None else (
+                ("narwhal.queue_wait_s", self.queue_wait_s),)
             refused_here = not self.placed_at and self.cls in _ERROR_CLASSES
             spans.append(SpanData(
                 "narwhal.admission_wait", INTERNAL, new_span_id(), root, self.sized_at + off,
@@ -279,56 +278,70 @@ class Observation:
             outcome = attempt.outcome or "unjudged"
             engine = attempt.engine
             failed = outcome not in _NOT_A_FAILURE
-            attributes = [*gen_ai, ("server.address", engine.host),
-                          ("server.port", engine.port), ("narwhal.engine", engine.name),
-                          ("narwhal.engine.role", engine.role), ("narwhal.attempt", index),
-                          ("narwhal.attempt.outcome", outcome)]
+            key = ("attempt", operation, self.model, engine.name, engine.url, engine.role)
+            fixed = encoder.fixed(key, _attempt_attributes, gen_ai, engine)
+            attributes: tuple[tuple[str, object], ...] = (
+                ("narwhal.attempt", index), ("narwhal.attempt.outcome", outcome))
             if failed:
-                attributes.append(("error.type", outcome))
+                attributes += (("error.type", outcome),)
             spans.append(SpanData(
                 name if gen_ai else "narwhal.attempt", CLIENT, attempt.span_id, root,
                 attempt.start + off, (attempt.end or end) + off, attributes,
-                error=outcome if failed else None))
+                error=outcome if failed else None, fixed=fixed))
         error = (self.reason or self.cls) if (
             self.cls in _ERROR_CLASSES or self.status >= 500) else None
-        events = [("first_token", self.first_token_at + off)] if self.first_token_at else []
+        events = (("first_token", self.first_token_at + off),) if self.first_token_at else ()
+        fixed = encoder.fixed(("server", operation, self.model, self.path),
+                              _server_fixed_attributes, gen_ai, self.path)
         spans.append(SpanData(
             name, SERVER, root, trace.parent_id, self.start + off, end + off,
-            self._server_attributes(gen_ai, error), events, error,
-            remote_parent=bool(trace.parent_id)))
+            self._server_attributes(error), events, error,
+            remote_parent=bool(trace.parent_id), fixed=fixed))
         return spans
 
-    def _server_attributes(self, gen_ai: list[tuple[str, object]],
-                           error: str | None) -> list[tuple[str, object]]:
+    def encode(self, encoder: Encoder) -> bytes:
+        """The request's spans, encoded for the export thread's queue."""
+        trace = self.trace
+        assert trace is not None
+        trace_id = trace.trace_id.to_bytes(16, "big")
+        sampled = 1 if trace.sampled else 0
+        return b"".join(encoder.span(trace_id, sampled, span) for span in self.spans(encoder))
+
+    def _server_attributes(self, error: str | None) -> list[tuple[str, object]]:
+        """What the server span says beyond its model and route (the admission-wait span
+        has the queue wait; the access log has the client, TPOT and more)."""
         attributes: list[tuple[str, object]] = [
-            *gen_ai,
-            ("http.request.method", "POST"),
-            ("http.route", self.path),
             ("narwhal.request_id", self.request_id),
             ("narwhal.outcome", self.cls),
-            ("narwhal.attempts", len(self.attempts)),
         ]
         if self.status:
             attributes.append(("http.response.status_code", self.status))
-        if self.peer:
-            attributes.append(("client.address", str(self.peer[0])))
         if self.reason is not None:
             attributes.append(("narwhal.reason", self.reason))
         if error is not None:
             attributes.append(("error.type", error))
         if self.prompt_tokens is not None:
             attributes.append(("gen_ai.usage.input_tokens", self.prompt_tokens))
-        if gen_ai:
+        if self.model is not None:
             attributes.append(("gen_ai.usage.output_tokens", self.output_tokens))
-        if self.stream is not None:
-            attributes.append(("narwhal.stream", self.stream))
-        engines = self.engines()
-        if engines:
+        if self.attempts:
             legs = len({a.engine.role for a in self.attempts})
-            attributes += [("narwhal.engines", engines),
+            attributes += [("narwhal.engines", tuple(self.engines())),
                            ("narwhal.retries", len(self.attempts) - legs)]
-        for key, value in (("narwhal.queue_wait_s", self.queue_wait_s),
-                           ("narwhal.ttft_s", self.ttft_s()), ("narwhal.tpot_s", self.tpot_s())):
-            if value is not None:
-                attributes.append((key, value))
+        elif self.placed_engines:
+            attributes.append(("narwhal.engines", self.placed_engines))
+        if self.first_token_at:
+            attributes.append(("narwhal.ttft_s", (self.first_token_at - self.start) / 1e9))
         return attributes
+
+def _attempt_attributes(gen_ai: list[tuple[str, object]],
+                        engine: EngineConfig) -> list[tuple[str, object]]:
+    """An attempt span's attributes that its engine and model fix."""
+    return [*gen_ai, ("server.address", engine.host), ("server.port", engine.port),
+            ("narwhal.engine", engine.name), ("narwhal.engine.role", engine.role)]
+
+
+def _server_fixed_attributes(gen_ai: list[tuple[str, object]],
+                             path: str) -> list[tuple[str, object]]:
+    """The server span's attributes that its route and model fix."""
+    return [*gen_ai, ("http.request.method", "POST"), ("http.route", path)]
