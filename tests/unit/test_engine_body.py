@@ -118,3 +118,17 @@ def test_an_alias_goes_to_the_engine_as_the_model_and_comes_back_as_sent() -> No
     _, session = ask(parse_request("chat", orjson.dumps({"model": MODEL, "messages": MSG}),
                                    model=single.names))
     assert session == options()  # one model: the engine's own answer, no rename
+
+
+def test_the_prefix_index_asks_for_usage_and_drops_it_unless_the_client_asked() -> None:
+    def with_usage(p: Parsed) -> tuple[dict[str, Any], dict[str, Any]]:
+        req = engine_request(p, token_ids=True, usage=True)
+        return orjson.loads(req.body), dict(req.session)
+
+    body, session = with_usage(parsed(stream=True))
+    assert body["stream_options"] == {"include_usage": True} and session["drop_usage"]
+    body, session = with_usage(parsed(stream=True, stream_options={"include_usage": True}))
+    assert body["stream_options"] == {"include_usage": True} and not session["drop_usage"]
+    body, session = with_usage(parsed())  # non-streaming clients get usage anyway
+    assert body["stream_options"] == {"include_usage": True} and not session["drop_usage"]
+    assert "stream_options" not in ask(parsed(stream=True))[0]  # without the index: as before

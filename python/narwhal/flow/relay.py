@@ -128,7 +128,8 @@ class Relay:
             return False
         engine = self.engine
         self._begin(engine)
-        ask = engine_request(self.parsed, token_ids=engine.token_ids, kv_params=self.kv_params)
+        ask = engine_request(self.parsed, token_ids=engine.token_ids, kv_params=self.kv_params,
+                             usage=self.placement.track.demand.probe is not None)
         try:
             opened = await dispatch(engine, ROUTE_PATHS[self.parsed.route], ask.body,
                                     self.headers,

@@ -85,23 +85,25 @@ def _constrained(body: dict[str, Any]) -> bool:
 
 
 def engine_request(parsed: Parsed, *, token_ids: bool,
-                   kv_params: dict[str, Any] | None = None) -> EngineRequest:
+                   kv_params: dict[str, Any] | None = None, usage: bool = False) -> EngineRequest:
     """What the engine is sent, and the session options that take back out what the client
     did not ask for.
 
     ``token_ids``: the engine returns validated token IDs (``return_token_ids``).
     ``kv_params``: a disaggregated decode leg carries the prefill engine's reply verbatim.
+    ``usage``: ask the engine for usage even when the IDs count the tokens (the prefix index
+    reads its ``prompt_tokens_details.cached_tokens``); dropped unless the client asked.
     """
     ids = asks_token_ids(parsed, token_ids)
     strip = ids and not parsed.include_reasoning
-    body, drop_usage = _body(parsed, ids, strip, kv_params)
+    body, drop_usage = _body(parsed, ids, strip, kv_params, usage)
     return EngineRequest(body, {"drop_usage": drop_usage, "require_token_ids": ids,
                                 "strip_reasoning": strip, "echo": parsed.echo,
                                 "model": parsed.answer_model})
 
 
 def _body(parsed: Parsed, ids: bool, strip: bool,
-          kv_params: dict[str, Any] | None) -> tuple[bytes, bool]:
+          kv_params: dict[str, Any] | None, usage: bool = False) -> tuple[bytes, bool]:
     body: dict[str, Any] = dict(parsed.body)
     if kv_params is not None:
         body["kv_transfer_params"] = kv_params
@@ -114,7 +116,7 @@ def _body(parsed: Parsed, ids: bool, strip: bool,
         del body["include_reasoning"]  # reasoning and IDs come back; the session strips
     if not parsed.stream:
         body["stream_options"] = {"include_usage": True}
-    elif not ids and not parsed.include_usage:
+    elif (usage or not ids) and not parsed.include_usage:
         options = dict(body.get("stream_options") or {})
         options["include_usage"] = True
         body["stream_options"] = options

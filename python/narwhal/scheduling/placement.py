@@ -82,12 +82,18 @@ class Scheduler:
         prefill, decode = self.board.inflight(engine.index) if inflight is None else inflight
         tokens = demand.prompt_tokens
         cached = 0
+        interference = 0.0
         if demand.probe is not None:  # only the tokens its prefix cache lacks
             cached = tokens - learning.uncached_tokens(engine, demand)
+            # What joining the engine's decode batch costs: each step there takes the learned
+            # TPOT growth longer per request decoding, for this request's expected output,
+            # borne by it and imposed on them.
+            growth = learning.learned[engine.index].tpot.growth_s
+            interference = 2.0 * growth * max(1.0, demand.expected_output) * decode
         ttft = (learning.prefill_wait(engine, now)
                 + learning.prefill_model(engine).seconds(tokens - cached))
         return Candidate(engine, ttft, learning.decode_load(engine, now) / engine.config.weight,
-                         prefill, decode, cached)
+                         prefill, decode, cached, ttft + interference)
 
     # -- placing -----------------------------------------------------------------------------
     def try_place(self, exclude: Engine | None = None,

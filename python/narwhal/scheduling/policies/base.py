@@ -23,6 +23,7 @@ class Candidate:
     prefill_inflight: int  # requests in prefill there (every worker process)
     decode_inflight: int  # requests in decode there (every worker process)
     cached_tokens: int = 0  # prompt tokens its prefix cache probably holds (counted out of ttft_s)
+    cost_s: float = 0.0  # cache-aware: ttft_s + the decode interference of joining its batch
 
 
 class Policy(Protocol):
