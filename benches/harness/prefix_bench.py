@@ -257,7 +257,8 @@ def measure(name: str, jobs: list[Job], logdir: Path) -> dict[str, Any]:
             with urllib.request.urlopen(url + "/engines", timeout=5) as resp:
                 index = [{**(e.get("prefix_index") or {}),
                           "tpot_growth_s": (e.get("learned") or {}).get("tpot_growth_s"),
-                          "tpot_s": (e.get("learned") or {}).get("tpot_s")}
+                          "tpot_s": (e.get("learned") or {}).get("tpot_s"),
+                          "profile": (e.get("learned") or {}).get("profile")}
                          for e in json.loads(resp.read())["engines"]]
     finally:
         if system is not None:

@@ -121,3 +121,16 @@ def test_reported_cached_tokens_correct_the_index() -> None:
     # e1 never saw the prompt, yet reports it cached (another router placed it): it grows.
     caches.report(1, again, again.prompt_tokens, again.prompt_tokens - 1)
     assert caches.index.state(1)[1] > capacity  # type: ignore[index]
+
+
+def test_a_credited_prefill_is_not_scored_for_drift() -> None:
+    sched, _ = fleet()
+    learning = sched.learning
+    first = chat("hi")
+    cold = learning.place(sched.engines[0], sched.demand(first, tokens(first)), None)
+    warm = learning.place(sched.engines[0], sched.demand(first, tokens(first)), None)
+    assert cold.cached_tokens == 0 and warm.cached_tokens > 0
+    for track in (cold, warm):
+        track.placed_at -= 10.0  # far off its prediction
+        learning.on_first_token(track, 0.0)
+    assert learning.learned[0].drift_ttft.samples == 1  # the cold one only

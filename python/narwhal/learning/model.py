@@ -127,9 +127,10 @@ class Learning:
         ``prefill=False``: a disaggregated decode leg (its prefill ran elsewhere)."""
         now = time.monotonic()
         load = self.learned[engine.index].load
-        cost = self.prefill_model(engine).seconds(self.uncached_tokens(engine, demand)) \
-            if prefill else 0.0
+        uncached = self.uncached_tokens(engine, demand)
+        cost = self.prefill_model(engine).seconds(uncached) if prefill else 0.0
         track = Track(demand, engine.index, slot, now, cost, load.prefill_wait(now) + cost)
+        track.cached_tokens = demand.prompt_tokens - uncached
         load.place(track)
         self.pending.discard(demand)
         if self.prefix is not None and demand.probe is not None and prefill:
@@ -155,6 +156,8 @@ class Learning:
             return
         observed = now - track.placed_at
         learned.last_prefill = (track.predicted_prefill_s, observed)
+        if track.cached_tokens:
+            return  # a wrong cache estimate is the prefix index's to correct, not a drift
         learned.drift_ttft.observe(observed, track.predicted_prefill_s)
         self._check_drift(learned, learned.drift_ttft, "drift_ttft")
 

@@ -103,8 +103,8 @@ class PendingBook:
 class Track:
     """One attempt of a request on one engine, from placement to release."""
 
-    __slots__ = ("batch", "cost_s", "decode_at", "decode_integral", "demand", "engine",
-                 "expected", "first_at", "first_loop", "first_tokens", "placed_at",
+    __slots__ = ("batch", "cached_tokens", "cost_s", "decode_at", "decode_integral", "demand",
+                 "engine", "expected", "first_at", "first_loop", "first_tokens", "placed_at",
                  "predicted_prefill_s", "released", "remaining", "slot", "tokens")
 
     def __init__(self, demand: Demand, engine: int, slot: Slot | None, placed_at: float,
@@ -115,6 +115,7 @@ class Track:
         self.placed_at = placed_at  # time.monotonic()
         self.cost_s = cost_s  # predicted prefill time of this prompt alone
         self.predicted_prefill_s = predicted_prefill_s  # wait ahead + cost, at placement
+        self.cached_tokens = 0  # prompt tokens the prefix index credited (not in cost_s)
         self.first_at: float | None = None  # time.monotonic() of the first token
         self.first_loop = 0.0  # the loop's time of the first token (the relay's clock)
         self.first_tokens = 0  # token IDs in the first read
