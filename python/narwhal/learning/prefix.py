@@ -43,18 +43,18 @@ def prompt_text(parsed: Parsed) -> str:
         parts: list[str] = []
         tools = body.get("tools")
         if tools:
-            parts.append(orjson.dumps(tools).decode())
+            parts += (orjson.dumps(tools).decode(), SEP_MESSAGE)
         for message in body.get("messages", ()):
-            if not isinstance(message, dict):
+            if type(message) is not dict:
                 continue
             content = message.get("content")
-            if isinstance(content, list):
+            if type(content) is not str:
                 content = "".join(p.get("text", "") for p in content
-                                  if isinstance(p, dict) and isinstance(p.get("text"), str))
-            elif not isinstance(content, str):
-                content = ""
-            parts.append(f"{message.get('role')}{SEP_ROLE}{content}")
-        return SEP_MESSAGE.join(parts)
+                                  if isinstance(p, dict) and isinstance(p.get("text"), str)
+                                  ) if isinstance(content, list) else ""
+            role = message.get("role")
+            parts += (role if type(role) is str else str(role), SEP_ROLE, content, SEP_MESSAGE)
+        return "".join(parts)  # one copy of the text
     prompt = body.get("prompt")
     if isinstance(prompt, str):
         return prompt
