@@ -151,3 +151,30 @@ def test_predictive_admission_credits_the_cache(tmp_path: Path) -> None:
     finally:
         router.stop()
         sim.stop()
+
+
+def test_two_workers_place_conversations_cache_aware(tmp_path: Path) -> None:
+    """Each worker keeps its own index: turns that reach the same worker stay with their
+    engine, and every turn is served; the engines' caches are hit."""
+    sims = [start_sim(*SIM_FLAGS, "--prefill-tokens-per-s", "4000", "--seed", str(i))
+            for i in range(2)]
+    router = start_router(tmp_path, router_config([s.url for s in sims],
+                                                  admission={"mode": "open"}),
+                          "--workers", "2")
+    try:
+        for c in range(3):
+            messages = [{"role": "system", "content": system(f"w2-{c}", 20)}]
+            for turn in range(4):
+                messages.append({"role": "user", "content": f"turn {turn}"})
+                status, body = ask(router.url, messages, session=f"w2-{c}")
+                assert status == 200, body
+                messages.append({"role": "assistant", "content": "noted"})
+        hits = sum(sim_counter(s, "vllm:prefix_cache_hits_total") for s in sims)
+        queries = sum(sim_counter(s, "vllm:prefix_cache_queries_total") for s in sims)
+        assert hits > 0.3 * queries, (hits, queries)
+        described = get_json(router.url + "/engines")["engines"]
+        assert all(e["prefix_index"]["capacity_blocks"] > 0 for e in described)
+    finally:
+        router.stop()
+        for sim in sims:
+            sim.stop()
