@@ -1,206 +1,27 @@
-"""Per-request CPU in one process: a whole completion through the real router objects.
-
-The router is the real composition root (``narwhal.app.Narwhal``) with its defaults
-(predictive admission, lowest-TTFT placement, the default sizing), served by the real HTTP
-protocol; only the sockets are replaced: the client's transport records what it is sent, and
-each engine connection's transport answers on the next loop tick with what a vLLM engine
-sends for a one-token answer (and ``/tokenize``, for sizing that asks the engine). So one
-round is all the CPU the router spends on a request, from its bytes arriving to the end of
-its answer, with no engine and no kernel in it.
-
-Two figures per case: ``request_us`` (the whole request) and ``dispatch_us`` (from the
-request's headers to the engine request written: the per-request work before the engine
-starts). Run: ``pytest benches/bench_request.py --benchmark-only``.
+"""Per-request CPU in one process (benches/harness/inprocess.py): a whole completion through
+the real composition root, HTTP protocol and Rust session, sockets replaced by transports that
+answer on the next tick. ``request_us`` is the whole request; ``dispatch_us`` runs from the
+request's headers to the engine request written. Run:
+``pytest benches/bench_request.py --benchmark-only``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import statistics
-import time
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
-import uvloop
 
-from narwhal._narwhal_fast import Board
-from narwhal.app import Narwhal
-from narwhal.config import parse_config
-from narwhal.fleet.engine import Health
-from narwhal.learning.latency import PrefillModel
-from narwhal.serve import limits_of
-from narwhal.server.http import HttpProtocol, HttpServer
-from narwhal.upstream.client import EngineClient
-from narwhal.upstream.connection import EngineConnection
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-MODEL = "meta-llama/Llama-3.1-8B-Instruct"
-ENGINES = 2
+from benches.harness.inprocess import Bench
+
 ROUNDS = 30
 BATCH = 100  # requests per round (one run of the loop)
-
-_SSE = (
-    b'data: {"id":"chatcmpl-b","object":"chat.completion.chunk","created":1,"model":"M",'
-    b'"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,'
-    b'"finish_reason":null}],"prompt_token_ids":[1,2,3,4,5,6,7,8,9,10,11,12]}\n\n'
-    b'data: {"id":"chatcmpl-b","object":"chat.completion.chunk","created":1,"model":"M",'
-    b'"choices":[{"index":0,"delta":{"content":"Hi"},"logprobs":null,"finish_reason":"length",'
-    b'"stop_reason":null,"token_ids":[9707]}]}\n\n'
-    b"data: [DONE]\n\n"
-)
-STREAM_ANSWER = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-                 b"transfer-encoding: chunked\r\n\r\n"
-                 + b"%x\r\n%b\r\n0\r\n\r\n" % (len(_SSE), _SSE))
-TOKENIZE_ANSWER = (b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 55\r\n'
-                   b'\r\n{"count":12,"max_model_len":8192,"tokens":[],"ok":true}')
-
-
-class EngineTransport(asyncio.Transport):
-    """An engine on the other end of a connection: answers each request on the next tick."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, conn: EngineConnection,
-                 bench: Bench) -> None:
-        super().__init__()
-        self.loop, self.conn, self.bench = loop, conn, bench
-        self.closing = False
-
-    def write(self, data: Any) -> None:
-        self.bench.dispatched(bytes(data))
-        answer = TOKENIZE_ANSWER if data.startswith(b"POST /tokenize") else STREAM_ANSWER
-        self.loop.call_soon(self.conn.data_received, answer)
-
-    def is_closing(self) -> bool:
-        return self.closing
-
-    def close(self) -> None:
-        if not self.closing:
-            self.closing = True
-            self.loop.call_soon(self.conn.connection_lost, None)
-
-    abort = close
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def get_write_buffer_size(self) -> int:
-        return 0
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return default
-
-
-class LoopbackClient(EngineClient):
-    """The engine client with its sockets replaced by :class:`EngineTransport`."""
-
-    def __init__(self, url: str, bench: Bench, headers: Any = ()) -> None:
-        super().__init__(url, headers=headers)
-        self.bench = bench
-
-    async def _connect(self, loop: asyncio.AbstractEventLoop,
-                       deadline: float) -> EngineConnection:
-        conn = EngineConnection(loop, self)
-        conn.connection_made(EngineTransport(loop, conn, self.bench))
-        return conn
-
-
-class ClientTransport(asyncio.Transport):
-    """The client's end: collects the answer and says when it is complete."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.data = bytearray()
-        self.done: asyncio.Future[None] | None = None
-
-    def write(self, data: Any) -> None:
-        self.data += data
-        if self.data.endswith(b"0\r\n\r\n") and self.done is not None and not self.done.done():
-            self.done.set_result(None)
-
-    def is_closing(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        pass
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        pass
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return default
-
-
-class Bench:
-    """One router on a private loop, and one keep-alive client connection to it."""
-
-    def __init__(self, sizing: str | None) -> None:
-        admission: dict[str, Any] = {"queue_limit": 1024}
-        if sizing is not None:
-            admission["sizing"] = sizing
-        config = parse_config({
-            "model": MODEL,
-            "engines": [{"name": f"e{i}", "url": f"http://127.0.0.1:{9 + i}"}
-                        for i in range(ENGINES)],
-            "admission": admission,
-        })
-        self.loop = uvloop.new_event_loop()
-        asyncio.set_event_loop(self.loop)
-        self.router = self.loop.run_until_complete(self._build(config))
-        self.arrived = 0.0
-        self.dispatch_s: list[float] = []
-        self.server = HttpServer(self.router.router, limits_of(config), self.loop)
-        self.protocol = HttpProtocol(self.server)
-        self.transport = ClientTransport()
-        self.protocol.connection_made(self.transport)
-        body = orjson.dumps({"model": MODEL, "stream": True, "max_tokens": 1, "messages": [
-            {"role": "system", "content": "You are a helpful assistant. " * 4},
-            {"role": "user", "content": "Say hi."}]})
-        self.request = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: narwhal\r\n"
-                        b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%b"
-                        % (len(body), body))
-
-    async def _build(self, config: Any) -> Narwhal:
-        narwhal = Narwhal(config, Board(engines=ENGINES))
-        for engine in narwhal.engines:
-            engine.client = LoopbackClient(engine.config.url, self)
-            engine.health = Health.HEALTHY
-            narwhal.board.set_engine_up(engine.index, True)
-            narwhal.learning.learned[engine.index].prefill = PrefillModel(0.005, 20_000.0)
-        narwhal.lifecycle.started = True
-        return narwhal
-
-    def dispatched(self, data: bytes) -> None:
-        if data.startswith(b"POST /v1/"):
-            self.dispatch_s.append(time.perf_counter() - self.arrived)
-
-    def run(self, requests: int) -> None:
-        """``requests`` requests one after another on the keep-alive connection."""
-        self.loop.run_until_complete(self._requests(requests))
-
-    async def _requests(self, requests: int) -> None:
-        transport, loop = self.transport, self.loop
-        for _ in range(requests):
-            transport.data.clear()
-            transport.done = done = loop.create_future()
-            self.arrived = time.perf_counter()
-            self.protocol.data_received(self.request)
-            await done
-
-    def close(self) -> None:
-        self.protocol.connection_lost(None)
-        self.loop.run_until_complete(self.router.stop())
-        self.loop.close()
-        asyncio.set_event_loop(None)
 
 
 @pytest.fixture(params=["default", "estimate"])

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from . import anchors, gates, loadgen, measure, report, stages, systems
+from . import anchors, gates, inprocess, loadgen, measure, report, sizing, stages, systems
 from . import profiling as pyspy
 from .measure import Phase
 
@@ -262,6 +262,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         cores=os.cpu_count() or 0,
     )
     figures = report.figures(phases, names, meta)
+    if not args.quick and "narwhal" in names:
+        _log("per-request CPU in process, and the sizing estimate's accuracy")
+        figures["in_process"] = {mode or "default": inprocess.measure(mode)
+                                 for mode in (None, "estimate")}
+        figures["sizing"] = sizing.accuracy()
     if args.out_json:
         args.out_json.write_text(json.dumps(figures, indent=2, sort_keys=False) + "\n")
         _log(f"wrote {args.out_json}")
