@@ -70,10 +70,11 @@ echo "$audit"
 grep -q '"manylinux_2_17_x86_64"' <<<"$audit" || fail "auditwheel does not accept manylinux_2_17"
 echo "wheel: $name, $(stat -c %s "$wheel") bytes; sdist: $(stat -c %s "${sdists[0]}") bytes"
 
-# The tests, away from the source tree: only what they read (test_config reads the example
-# configuration and docs/configuration.md).
+# The tests, away from the source tree (python/ is not copied): what they import and read
+# (benches/harness for the sizing calibration test, the example configuration and docs/ for
+# test_config, pyproject.toml for pytest's settings).
 mkdir -p "$work/tree"
-cp -r tests pyproject.toml narwhal.example.yaml docs "$work/tree/"
+cp -r tests benches pyproject.toml narwhal.example.yaml docs "$work/tree/"
 find "$work/tree" -name __pycache__ -prune -exec rm -rf {} +
 python3 .ci/floors.py >"$work/floors.txt"
 no_rust=$(without_rust)
