@@ -1,0 +1,355 @@
+//! Unit tests of `session.rs`: one feed per read, exposure, assembly, options.
+use super::*;
+
+fn session(assemble: bool, expose: bool, require: bool) -> StreamSession {
+    StreamSession::new(Options {
+        route: Route::Chat,
+        assemble,
+        expose_token_ids: expose,
+        drop_usage: true,
+        require_token_ids: require,
+        prompt_tokens: 0,
+        strip_reasoning: false,
+        echo: false,
+    })
+}
+
+const ROLE: &str = r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}],"prompt_token_ids":[1,2]}"#;
+const TEXT: &str = r#"{"choices":[{"index":0,"delta":{"content":"hi"},"token_ids":[7,8]}]}"#;
+const IDS_ONLY: &str = r#"{"choices":[{"index":0,"delta":{},"logprobs":null,"token_ids":[9]}]}"#;
+const USAGE: &str = r#"{"choices":[],"usage":{"completion_tokens":3}}"#;
+
+fn sse(events: &[&str]) -> Vec<u8> {
+    let mut b = Vec::new();
+    for e in events {
+        b.extend_from_slice(format!("data: {e}\r\n\r\n").as_bytes());
+    }
+    b
+}
+
+#[test]
+fn streaming_rewrites_drops_and_counts() {
+    let mut s = session(false, false, true);
+    let body = [
+        sse(&[ROLE, TEXT, IDS_ONLY, USAGE]),
+        b"data: [DONE]\r\n\r\n".to_vec(),
+    ]
+    .concat();
+    let (out, n, state) = s.feed(&body);
+    let want = concat!(
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}],\"prompt_token_ids\":null}\n\n",
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"},\"token_ids\":null}]}\n\n",
+        "data: [DONE]\n\n"
+    );
+    assert_eq!(std::str::from_utf8(out).unwrap(), want);
+    assert_eq!((n, state), (3, State::Done));
+    assert_eq!(
+        (
+            s.events(),
+            s.output_tokens(),
+            s.engine_usage_completion_tokens()
+        ),
+        (4, 3, Some(3))
+    );
+    assert_eq!(s.feed(TEXT.as_bytes()), (&b""[..], 0, State::Done));
+}
+
+#[test]
+fn exposed_ids_and_byte_splits() {
+    let body = [
+        sse(&[ROLE, TEXT, IDS_ONLY]),
+        b"data: [DONE]\r\n\r\n".to_vec(),
+    ]
+    .concat();
+    let mut whole = session(false, true, true);
+    let want = whole.feed(&body).0.to_vec();
+    assert_eq!(
+        want,
+        [
+            sse(&[ROLE, TEXT, IDS_ONLY]),
+            b"data: [DONE]\r\n\r\n".to_vec()
+        ]
+        .concat()
+        .replace_crlf()
+    );
+    let mut s = session(false, true, true);
+    let mut got = Vec::new();
+    let mut ids = 0;
+    for b in &body {
+        let (out, n, _) = s.feed(std::slice::from_ref(b));
+        got.extend_from_slice(out);
+        ids += n;
+    }
+    assert_eq!((got, ids, s.state()), (want, 3, State::Done));
+}
+
+#[test]
+fn an_alias_is_the_model_of_every_event_and_of_the_body() {
+    let head = r#"{"id":"c","object":"chat.completion.chunk","created":1,"model":"canonical","#;
+    let role = format!(
+        r#"{head}"choices":[{{"index":0,"delta":{{"role":"assistant","content":""}}}}],"prompt_token_ids":[1]}}"#
+    );
+    let text = format!(
+        r#"{head}"choices":[{{"index":0,"delta":{{"content":"hi"}},"finish_reason":"stop","token_ids":[7]}}]}}"#
+    );
+    let body = [sse(&[&role, &text]), b"data: [DONE]\n\n".to_vec()].concat();
+    for expose in [false, true] {
+        let mut s = session(false, expose, true);
+        s.rename_model("llama \"8b\"");
+        let out = String::from_utf8(s.feed(&body).0.to_vec()).unwrap();
+        assert_eq!(out.matches(r#""model":"llama \"8b\"""#).count(), 2, "{out}");
+        assert!(!out.contains("canonical"));
+    }
+    let mut s = session(true, false, true);
+    s.rename_model("llama-8b");
+    s.feed(&body);
+    let assembled = String::from_utf8(s.finish().unwrap()).unwrap();
+    assert!(
+        assembled.contains(r#""model":"llama-8b","choices""#),
+        "{assembled}"
+    );
+    let mut plain = session(false, true, true);
+    assert_eq!(plain.feed(&body).0.to_vec(), body.replace_crlf()); // no rename: as sent
+}
+
+trait ReplaceCrlf {
+    fn replace_crlf(self) -> Vec<u8>;
+}
+impl ReplaceCrlf for Vec<u8> {
+    fn replace_crlf(self) -> Vec<u8> {
+        String::from_utf8(self)
+            .unwrap()
+            .replace("\r\n", "\n")
+            .into_bytes()
+    }
+}
+
+#[test]
+fn failures_stop_the_stream() {
+    let mut s = session(false, false, true);
+    let bad = r#"{"choices":[{"index":0,"delta":{"content":"x"},"token_ids":[true]}]}"#;
+    let (out, n, state) = s.feed(&sse(&[TEXT, bad, TEXT]));
+    assert_eq!((!out.is_empty(), n, state), (true, 2, State::Failed));
+    let f = s.failure().unwrap();
+    assert_eq!(f.code(), "malformed_engine_output");
+    assert!(f.to_string().contains("Boolean"));
+    assert_eq!(s.events(), 1);
+    let mut s = session(false, false, true);
+    s.feed(&sse(&[
+        r#"{"choices":[{"index":0,"delta":{"content":"x"}}]}"#,
+    ]));
+    assert!(s.failure().unwrap().to_string().contains("no token_ids"));
+    let mut s = session(false, false, false);
+    assert_eq!(
+        s.feed(&sse(&[
+            r#"{"choices":[{"index":0,"delta":{"content":"x"}}]}"#
+        ]))
+        .1,
+        1
+    );
+}
+
+#[test]
+fn assembly_errors_and_engine_errors() {
+    let mut s = session(true, false, true);
+    s.feed(&sse(&[ROLE, TEXT]));
+    assert_eq!(
+        s.finish().unwrap_err().to_string(),
+        "engine stream ended before [DONE]"
+    );
+    let mut s = session(true, false, true);
+    let err = r#"{"error": {"message": "oops", "code": 500}}"#;
+    let (out, _, state) = s.feed(&[sse(&[ROLE, err]), b"data: [DONE]\n\n".to_vec()].concat());
+    assert_eq!((out, state), (&b""[..], State::Done));
+    assert_eq!(s.finish().unwrap_err(), StreamError::Engine("oops".into()));
+    assert_eq!(s.engine_error(), Some(err.as_bytes()));
+    let mut s = session(true, false, true);
+    s.feed(&sse(&[
+        r#"{"choices":[{"index":0,"delta":{"audio":{"id":"a"}}}]}"#,
+    ]));
+    assert_eq!(s.failure().unwrap().code(), "unsupported_engine_field");
+    assert_eq!(
+        session(false, false, false).finish().unwrap_err(),
+        StreamError::NotAssembling
+    );
+}
+
+fn with(route: Route, f: impl FnOnce(&mut Options)) -> StreamSession {
+    let mut o = Options {
+        route,
+        assemble: false,
+        expose_token_ids: false,
+        drop_usage: false,
+        require_token_ids: true,
+        prompt_tokens: 0,
+        strip_reasoning: false,
+        echo: false,
+    };
+    f(&mut o);
+    StreamSession::new(o)
+}
+
+const REASONING: &str = r#"{"choices":[{"index":0,"delta":{"reasoning":"hm"},"logprobs":{"content":[]},"token_ids":[4,5]}]}"#;
+const CONTENT_LP: &str = r#"{"choices":[{"index":0,"delta":{"content":"hi"},"logprobs":{"content":[]},"token_ids":[7]}]}"#;
+const FINISH: &str = r#"{"choices":[{"index":0,"delta":{"reasoning":"x"},"logprobs":null,"finish_reason":"length","token_ids":[8]}]}"#;
+
+#[test]
+fn strip_reasoning_hides_reasoning_ids_and_logprobs_but_counts_ids() {
+    for expose in [false, true] {
+        let mut s = with(Route::Chat, |o| {
+            o.strip_reasoning = true;
+            o.expose_token_ids = expose;
+        });
+        let body = [
+            sse(&[ROLE, REASONING, IDS_ONLY, CONTENT_LP, FINISH]),
+            b"data: [DONE]\n\n".to_vec(),
+        ]
+        .concat();
+        let (out, n, state) = s.feed(&body);
+        let prompt = if expose { "[1,2]" } else { "null" };
+        let want = format!(
+            concat!(
+                "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"role\":\"assistant\",\"content\":\"\"}}}}],\"prompt_token_ids\":{}}}\n\n",
+                "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"hi\"}},\"logprobs\":null,\"token_ids\":null}}]}}\n\n",
+                "data: {{\"choices\":[{{\"index\":0,\"delta\":{{}},\"logprobs\":null,\"finish_reason\":\"length\",\"token_ids\":null}}]}}\n\n",
+                "data: [DONE]\n\n"
+            ),
+            prompt
+        );
+        assert_eq!(std::str::from_utf8(out).unwrap(), want);
+        assert_eq!((n, state, s.output_tokens()), (5, State::Done, 5));
+    }
+    // The IDs are still required and validated.
+    let mut s = with(Route::Chat, |o| o.strip_reasoning = true);
+    s.feed(&sse(&[
+        r#"{"choices":[{"index":0,"delta":{"reasoning":"x"}}]}"#,
+    ]));
+    assert!(s.failure().unwrap().to_string().contains("no token_ids"));
+}
+
+#[test]
+fn chat_echo_chunk_is_prompt_not_output() {
+    let echo = r#"{"choices":[{"index":0,"delta":{"content":"Once upon"},"logprobs":null,"finish_reason":null}]}"#;
+    let body = [sse(&[ROLE, echo, TEXT]), b"data: [DONE]\n\n".to_vec()].concat();
+    let mut s = with(Route::Chat, |o| {
+        o.echo = true;
+        o.expose_token_ids = true;
+    });
+    let (out, n, state) = s.feed(&body);
+    assert_eq!(out, body.clone().replace_crlf());
+    assert_eq!((n, state, s.output_tokens()), (2, State::Done, 2));
+    // Only before generated output: a later event without IDs still fails.
+    let mut s = with(Route::Chat, |o| o.echo = true);
+    s.feed(&sse(&[ROLE, echo, TEXT, echo]));
+    assert!(s.failure().unwrap().to_string().contains("no token_ids"));
+    // Without echo asked, the same event is generated output without IDs.
+    let mut s = with(Route::Chat, |_| {});
+    s.feed(&sse(&[ROLE, echo]));
+    assert!(s.failure().is_some());
+    // Without required IDs it is not counted as an event carrying output either.
+    let mut s = with(Route::Chat, |o| {
+        o.echo = true;
+        o.require_token_ids = false;
+    });
+    assert_eq!(s.feed(&sse(&[ROLE, echo, TEXT])).1, 1);
+}
+
+#[test]
+fn completion_echo_keeps_the_prompt_ids_vllm_sends() {
+    let first = r#"{"choices":[{"index":0,"text":"Say hi there","prompt_token_ids":[1,2],"token_ids":null}]}"#;
+    let mut s = with(Route::Completion, |o| {
+        o.echo = true;
+        o.require_token_ids = false;
+    });
+    let (out, n, _) = s.feed(&sse(&[first]));
+    assert_eq!(out, sse(&[first]).replace_crlf());
+    assert_eq!(n, 1);
+    let mut s = with(Route::Completion, |o| o.require_token_ids = false);
+    let (out, _, _) = s.feed(&sse(&[first]));
+    assert!(std::str::from_utf8(out)
+        .unwrap()
+        .contains(r#""prompt_token_ids":null"#));
+}
+
+#[test]
+fn assembly_with_strip_and_echo() {
+    let head = r#""id":"c","object":"chat.completion.chunk","created":1,"model":"m""#;
+    let role = format!(
+        r#"{{{head},"choices":[{{"index":0,"delta":{{"role":"user","content":""}}}}],"prompt_token_ids":[1]}}"#
+    );
+    let echo = format!(
+        r#"{{{head},"choices":[{{"index":0,"delta":{{"content":"pre "}},"logprobs":null,"finish_reason":null}}]}}"#
+    );
+    let body = [
+        sse(&[&role, &echo, REASONING, CONTENT_LP, FINISH]),
+        b"data: [DONE]\n\n".to_vec(),
+    ]
+    .concat();
+    let mut s = with(Route::Chat, |o| {
+        o.assemble = true;
+        o.expose_token_ids = true;
+        o.strip_reasoning = true;
+        o.echo = true;
+    });
+    assert_eq!(s.feed(&body).2, State::Done);
+    let out: serde_json::Value = serde_json::from_slice(&s.finish().unwrap()).unwrap();
+    let choice = &out["choices"][0];
+    assert_eq!(choice["message"]["role"], "user");
+    assert_eq!(choice["message"]["content"], "pre hi");
+    assert!(choice["message"]["reasoning"].is_null());
+    assert!(choice["logprobs"].is_null() && choice["token_ids"].is_null());
+    assert_eq!(out["prompt_token_ids"], serde_json::json!([1]));
+    assert_eq!(out["usage"]["completion_tokens"], 4);
+    // Echo asked but nothing to echo and no content: vLLM still answers a string.
+    let calls = format!(
+        r#"{{{head},"choices":[{{"index":0,"delta":{{"tool_calls":[{{"index":0,"id":"t","type":"function","function":{{"name":"f","arguments":"{{}}"}}}}]}},"token_ids":[3]}}]}}"#
+    );
+    let mut s = with(Route::Chat, |o| {
+        o.assemble = true;
+        o.echo = true;
+    });
+    s.feed(&[sse(&[&role, &calls]), b"data: [DONE]\n\n".to_vec()].concat());
+    let out: serde_json::Value = serde_json::from_slice(&s.finish().unwrap()).unwrap();
+    assert_eq!(out["choices"][0]["message"]["content"], "");
+}
+
+#[test]
+fn dropped_usage_leaves_its_fingerprint_on_the_held_finish_event() {
+    let finish = r#"{"choices":[{"index":0,"delta":{},"finish_reason":"stop","token_ids":[2]}]}"#;
+    let usage = r#"{"choices":[],"usage":{"completion_tokens":3},"system_fingerprint":"fp"}"#;
+    let mut s = session(false, false, true);
+    let (out, _, _) = s.feed(&sse(&[TEXT, finish]));
+    assert!(!std::str::from_utf8(out).unwrap().contains("finish_reason")); // it waits
+    let (out, _, state) = s.feed(&[sse(&[usage]), b"data: [DONE]\n\n".to_vec()].concat());
+    assert_eq!(
+        std::str::from_utf8(out).unwrap(),
+        concat!(
+            "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\",",
+            "\"token_ids\":null}],\"system_fingerprint\":\"fp\"}\n\ndata: [DONE]\n\n"
+        )
+    );
+    assert_eq!(state, State::Done);
+    let mut s = session(false, false, true);
+    s.feed(&sse(&[finish]));
+    let (out, _, state) = s.feed(b"data: {x\n\n");
+    assert!(out.starts_with(b"data: {\"choices\"") && state == State::Failed);
+}
+
+#[test]
+fn the_engines_prompt_count_comes_from_its_ids_then_its_usage() {
+    let mut s = session(false, false, true);
+    assert_eq!(s.engine_prompt_tokens(), None);
+    s.feed(format!("data: {ROLE}\n\n").as_bytes());
+    assert_eq!(s.engine_prompt_tokens(), Some(2));
+    let usage = r#"{"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":0}}"#;
+    s.feed(format!("data: {usage}\n\n").as_bytes());
+    assert_eq!(
+        s.engine_prompt_tokens(),
+        Some(7),
+        "usage covers every prompt"
+    );
+    assert_eq!(s.engine_cached_tokens(), None);
+    let usage = r#"{"choices":[],"usage":{"prompt_tokens":40,"prompt_tokens_details":{"cached_tokens":32}}}"#;
+    s.feed(format!("data: {usage}\n\n").as_bytes());
+    assert_eq!(s.engine_cached_tokens(), Some(32));
+}
