@@ -111,9 +111,11 @@ def test_profile_fits_the_engine_and_probes_are_well_formed() -> None:
         finally:
             await engine.client.close()
             await fake.close()
-        assert profile.prefill.tokens_per_s == pytest.approx(20_000.0, rel=0.15)
-        assert profile.prefill.overhead_s == pytest.approx(0.02, rel=0.2)
-        assert profile.tpot_s == pytest.approx(0.005, rel=0.2)
+        # The fake engine's times are sleeps: a busy host can only add to them, so the bounds
+        # are tight below and looser above (a wrong fit lands far outside either way).
+        assert 17_000.0 <= profile.prefill.tokens_per_s <= 23_000.0
+        assert 0.016 <= profile.prefill.overhead_s <= 0.04
+        assert 0.0045 <= profile.tpot_s <= 0.008
         lengths = [len(r["prompt"]) for r in fake.requests]
         # a warm-up, then the ladder; lengths predicted under 0.3 s are probed twice
         assert lengths == [16, 16, 16, 64, 64, 256, 256, 1024, 1024, 2048, 2048]
