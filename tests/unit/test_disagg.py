@@ -3,30 +3,25 @@
 from __future__ import annotations
 
 import orjson
+from fleet_helpers import healthy_engines
 
 from narwhal._narwhal_fast import Board
 from narwhal.config import EngineConfig
-from narwhal.fleet.engine import Engine, Health
+from narwhal.fleet.engine import Engine
 from narwhal.learning import Learning
 from narwhal.learning.latency import PrefillModel
 from narwhal.learning.occupancy import Demand
 from narwhal.request.engine_body import REMOTE_DECODE, engine_request, prefill_body
 from narwhal.request.parse import parse_request
 from narwhal.scheduling.placement import Scheduler
-from narwhal.upstream.client import EngineClient
 
 MODEL = "m"
 
 
 def fleet(*roles: str) -> list[Engine]:
-    engines = []
-    for i, role in enumerate(roles):
-        cfg = EngineConfig(name=f"{role[0]}{i}", url=f"http://127.0.0.1:{9000 + i}", role=role,
-                           max_decode=4)
-        engine = Engine(i, cfg, EngineClient(cfg.url))
-        engine.health = Health.HEALTHY
-        engines.append(engine)
-    return engines
+    return healthy_engines(EngineConfig(name=f"{role[0]}{i}", url=f"http://127.0.0.1:{9000 + i}",
+                                        role=role, max_decode=4)
+                           for i, role in enumerate(roles))
 
 
 def scheduler(engines: list[Engine], *, predictive: bool = False,

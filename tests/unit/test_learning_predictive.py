@@ -3,31 +3,26 @@
 from __future__ import annotations
 
 import pytest
+from fleet_helpers import healthy_engines
 
 from narwhal._narwhal_fast import Board
 from narwhal.admission.predictive import PredictiveAdmission
 from narwhal.config import Admission, EngineConfig
 from narwhal.errors import Refusal
-from narwhal.fleet.engine import Engine, Health
 from narwhal.learning import Learning
 from narwhal.learning.latency import PrefillModel
 from narwhal.learning.occupancy import Demand
 from narwhal.request.parse import parse_request
 from narwhal.scheduling.placement import Scheduler
 from narwhal.server.responses import refusal_response
-from narwhal.upstream.client import EngineClient
 
 RATE, OVERHEAD = 1000.0, 0.01  # 1000 tokens of prompt: 1.01 s of prefill
 
 
 def admission(n: int = 1, *, mode: str = "predictive", budget: float = 2.0,
               ) -> PredictiveAdmission:
-    engines = []
-    for i in range(n):
-        cfg = EngineConfig(name=f"e{i}", url=f"http://127.0.0.1:{9100 + i}")
-        engine = Engine(i, cfg, EngineClient(cfg.url))
-        engine.health = Health.HEALTHY
-        engines.append(engine)
+    engines = healthy_engines(EngineConfig(name=f"e{i}", url=f"http://127.0.0.1:{9100 + i}")
+                              for i in range(n))
     learning = Learning(engines)
     for learned in learning.learned:
         learned.prefill = PrefillModel(OVERHEAD, RATE)

@@ -6,30 +6,25 @@ import time
 from collections import Counter
 
 import pytest
+from fleet_helpers import healthy_engines
 
 from narwhal._narwhal_fast import Board
 from narwhal.config import EngineConfig
-from narwhal.fleet.engine import Engine, Health
+from narwhal.fleet.engine import Engine
 from narwhal.learning import Learning
 from narwhal.learning.latency import PrefillModel
 from narwhal.learning.occupancy import Demand
 from narwhal.request.parse import parse_request
 from narwhal.scheduling.placement import Placement, Scheduler
 from narwhal.scheduling.policies import POLICIES, Candidate, make_policy, prefix_key
-from narwhal.upstream.client import EngineClient
 
 MODEL = "m"
 
 
 def fleet(n: int, *, weights: tuple[float, ...] = ()) -> list[Engine]:
-    engines = []
-    for i in range(n):
-        cfg = EngineConfig(name=f"e{i}", url=f"http://127.0.0.1:{9000 + i}",
-                           weight=weights[i] if weights else 1.0)
-        engine = Engine(i, cfg, EngineClient(cfg.url))
-        engine.health = Health.HEALTHY
-        engines.append(engine)
-    return engines
+    return healthy_engines(EngineConfig(name=f"e{i}", url=f"http://127.0.0.1:{9000 + i}",
+                                        weight=weights[i] if weights else 1.0)
+                           for i in range(n))
 
 
 def scheduler(engines: list[Engine], policy: str = "lowest_ttft", *, predictive: bool = True,

@@ -6,30 +6,25 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+from fleet_helpers import healthy_engines
 
 from narwhal._narwhal_fast import Board
 from narwhal.admission.predictive import PredictiveAdmission
 from narwhal.config import Admission, EngineConfig
 from narwhal.errors import Refusal
-from narwhal.fleet.engine import Engine, Health
 from narwhal.learning import Learning
 from narwhal.learning.latency import PrefillModel
 from narwhal.learning.prefix import PrefixCaches, prompt_text
 from narwhal.request.parse import Parsed, parse_request
 from narwhal.scheduling.placement import Scheduler
-from narwhal.upstream.client import EngineClient
 
 RATE, OVERHEAD = 1000.0, 0.01  # 1000 prompt tokens: 1.01 s of prefill
 SYSTEM = "You are a router's helpful assistant; answer in one short sentence please. " * 80
 
 
 def fleet(n: int = 2, budget: float = 1.5) -> tuple[Scheduler, PredictiveAdmission]:
-    engines = []
-    for i in range(n):
-        cfg = EngineConfig(name=f"e{i}", url=f"http://127.0.0.1:{9100 + i}")
-        engine = Engine(i, cfg, EngineClient(cfg.url))
-        engine.health = Health.HEALTHY
-        engines.append(engine)
+    engines = healthy_engines(EngineConfig(name=f"e{i}", url=f"http://127.0.0.1:{9100 + i}")
+                              for i in range(n))
     learning = Learning(engines)
     learning.prefix = PrefixCaches(engines)
     for learned in learning.learned:
