@@ -18,6 +18,7 @@ from narwhal.config import (
     Config,
     ConfigError,
     EngineConfig,
+    EngineSettings,
     Health,
     Lease,
     Listen,
@@ -348,7 +349,7 @@ def test_disaggregation_needs_both_roles(role: str) -> None:
     [
         (minimal(servng={}), "servng", "serving"),
         (minimal(engine=[]), "engine", "engines"),
-        (minimal(colour="blue"), "colour", None),
+        (minimal(flavour="blue"), "flavour", None),
         (minimal(serving={"max_request_byte": 5}), "serving.max_request_byte", "max_request_bytes"),
         (minimal(ha={"lease": {"ttl": 5}}), "ha.lease.ttl", "ttl_s"),
         (with_engine(max_prefil=8), "engines[0].max_prefil", "max_prefill"),
@@ -473,8 +474,11 @@ def test_example_file_parses_and_shows_defaults(monkeypatch: pytest.MonkeyPatch)
     assert config.admin.token is None
 
 
-COMMENTED = {"models[].name", "models[].aliases", "models[].ttft_budget_s"}
-"""Keys the example shows commented out (``models`` is the alternative to its ``model``)."""
+COMMENTED = {"models[].name", "models[].aliases", "models[].ttft_budget_s"} | {
+    f"discovery.dns.{key}" for key in ("name", "port", "interval_s", "resolver")} | {
+    f"discovery.dns.engine.{f.name}" for f in dataclasses.fields(EngineSettings)}
+"""Keys the example shows commented out (``models`` is the alternative to its ``model``, DNS
+discovery to the file)."""
 
 
 def test_example_file_has_every_key() -> None:
@@ -483,7 +487,7 @@ def test_example_file_has_every_key() -> None:
     assert shown == schema_keys(Config) - COMMENTED
     text = EXAMPLE.read_text()
     commented = "\n".join(line.replace("#", " ", 1) for line in text.splitlines()
-                          if line.startswith("#   ") or line.startswith("# models:"))
+                          if line.startswith(("#   ", "# models:", "# discovery:")))
     assert document_keys(yaml.safe_load(commented)) == COMMENTED
 
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import yaml
 
 from narwhal.config.schema import ConfigError, Rule
-from narwhal.config.sections import DEMO_MODEL, Config, Health, Lease
+from narwhal.config.sections import DEMO_MODEL, Cluster, Config, DnsDiscovery, Health, Lease
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -37,6 +37,24 @@ def _check_lease(lease: Lease, path: str) -> Problems:
     return []
 
 
+def _check_cluster(cluster: Cluster, path: str) -> Problems:
+    if cluster.backend == "redis" and cluster.url is None:
+        return [(f"{path}.url", "is required when backend is 'redis', got null")]
+    if cluster.backend == "none" and cluster.url is not None:
+        return [(f"{path}.url",
+                 f"is set but backend is 'none' (set backend: redis), got {cluster.url!r}")]
+    return []
+
+
+def _check_dns(dns: DnsDiscovery, path: str) -> Problems:
+    if dns.resolver is None:
+        return []
+    host, sep, port = dns.resolver.rpartition(":")
+    if sep and host and port.isdigit() and 0 < int(port) < 65536:
+        return []
+    return [(f"{path}.resolver", f"must be host:port, got {dns.resolver!r}")]
+
+
 def _check_health(health: Health, path: str) -> Problems:
     if health.monitoring_stale_s > health.interval_s:
         return []
@@ -57,6 +75,8 @@ def _check_config(config: Config, path: str) -> Problems:
         if first != i:
             text = f"is the same engine as engines[{first}].url, got {engine.url!r}"
             problems.append((f"engines[{i}].url", text))
+    if config.discovery.enabled:
+        return problems  # the engines (and so roles and models' engines) come at run time
     roles = {engine.role for engine in config.engines}
     for have, need in (("prefill", "decode"), ("decode", "prefill")):
         if have in roles and need not in roles:
@@ -104,6 +124,8 @@ def _check_models(config: Config) -> Problems:
 _CROSS_CHECKS: dict[type, Callable[[Any, str], Problems]] = {
     Lease: _check_lease,
     Health: _check_health,
+    Cluster: _check_cluster,
+    DnsDiscovery: _check_dns,
     Config: _check_config,
 }
 

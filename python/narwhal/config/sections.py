@@ -28,6 +28,7 @@ HARole = Literal["active", "standby"]
 LeaseBackend = Literal["none", "redis"]
 SizingMode = Literal["auto", "tokenizer", "engine", "estimate"]
 LogFormat = Literal["text", "json"]
+ClusterBackend = Literal["none", "redis"]
 
 DEMO_MODEL = "narwhal-demo"
 
@@ -57,6 +58,8 @@ class Serving:
     keepalive_timeout_s: float = field(default=5.0, metadata=rule(float, gt=0))
     shutdown_grace_s: float = field(default=30.0, metadata=rule(float, ge=0))
     write_buffer_high_bytes: int = field(default=262144, metadata=rule(int, ge=1))
+    # How many times one request's answer may move to another engine after its stream broke.
+    max_migrations: int = field(default=1, metadata=rule(int, ge=0))
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,11 +102,10 @@ class ModelConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class EngineConfig:
-    """One inference engine behind the router."""
+class EngineSettings:
+    """Every key of one engine entry except its name and URL (``discovery.dns.engine`` is one:
+    the template applied to each discovered address)."""
 
-    name: str = field(metadata=rule(str, required=True, check=engine_name))
-    url: str = field(metadata=rule(str, required=True, check=engine_url))
     dialect: Dialect = field(default="vllm", metadata=rule(str, choices=get_args(Dialect)))
     role: EngineRole = field(default="mixed", metadata=rule(str, choices=get_args(EngineRole)))
     wave: str = field(default="default", metadata=rule(str, check=wave_name))
@@ -113,9 +115,27 @@ class EngineConfig:
     api_key_env: str | None = field(default=None, metadata=rule(str, optional=True, check=env_name))
     weight: float = field(default=1.0, metadata=rule(float, gt=0))
     header_timeout_s: float = field(default=5.0, metadata=rule(float, gt=0))
+    # After the first token, the longest the engine may stay silent before the stream counts
+    # as broken (migrated when it can be, else ended); null: no per-token timeout.
+    token_timeout_s: float | None = field(default=30.0, metadata=rule(float, optional=True, gt=0))
+    # A stream this engine breaks may continue on another engine (docs/reliability.md).
+    migrate: bool = field(default=True, metadata=rule(bool))
     models: tuple[str, ...] | None = field(
         default=None, metadata=rule(str, optional=True, many=True)
     )
+
+    @property
+    def api_key(self) -> str | None:
+        """The key in the environment variable ``api_key_env``; None when unset or empty."""
+        return _secret(self.api_key_env)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineConfig(EngineSettings):
+    """One inference engine behind the router."""
+
+    name: str = field(metadata=rule(str, required=True, check=engine_name))
+    url: str = field(metadata=rule(str, required=True, check=engine_url))
 
     @property
     def host(self) -> str:
@@ -126,11 +146,6 @@ class EngineConfig:
     def port(self) -> int:
         """Port part of ``url``."""
         return urlsplit(self.url).port or 0
-
-    @property
-    def api_key(self) -> str | None:
-        """The key in the environment variable ``api_key_env``; None when unset or empty."""
-        return _secret(self.api_key_env)
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +231,44 @@ class Logging:
 
 
 @dataclass(frozen=True, slots=True)
+class Cluster:
+    """Several active routers sharing one fleet through Redis (docs/operations.md)."""
+
+    backend: ClusterBackend = field(
+        default="none", metadata=rule(str, choices=get_args(ClusterBackend))
+    )
+    url: str | None = field(default=None, metadata=rule(str, optional=True, check=lease_url))
+    key_prefix: str = field(default="narwhal", metadata=rule(str))
+    sync_interval_ms: int = field(default=100, metadata=rule(int, ge=10, le=60000))
+
+
+@dataclass(frozen=True, slots=True)
+class DnsDiscovery:
+    """Engines from the A/AAAA records of a name (a Kubernetes headless Service)."""
+
+    name: str = field(metadata=rule(str, required=True))
+    port: int = field(default=8000, metadata=rule(int, ge=1, le=65535))
+    interval_s: float = field(default=5.0, metadata=rule(float, gt=0))
+    # host:port of a DNS server to ask instead of the system's resolver.
+    resolver: str | None = field(default=None, metadata=rule(str, optional=True))
+    engine: EngineSettings = field(default_factory=EngineSettings,
+                                   metadata=rule(EngineSettings))
+
+
+@dataclass(frozen=True, slots=True)
+class Discovery:
+    """Fleet membership kept elsewhere: a watched file of engine entries, or DNS."""
+
+    file: str | None = field(default=None, metadata=rule(str, optional=True))
+    interval_s: float = field(default=2.0, metadata=rule(float, gt=0))
+    dns: DnsDiscovery | None = field(default=None, metadata=rule(DnsDiscovery, optional=True))
+
+    @property
+    def enabled(self) -> bool:
+        return self.file is not None or self.dns is not None
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     """The whole configuration."""
 
@@ -228,7 +281,8 @@ class Config:
     admission: Admission = field(default_factory=Admission, metadata=rule(Admission))
     scheduling: Scheduling = field(default_factory=Scheduling, metadata=rule(Scheduling))
     engines: tuple[EngineConfig, ...] = field(
-        default=(), metadata=rule(EngineConfig, required=True, many=True, max_items=MAX_ENGINES)
+        default=(), metadata=rule(EngineConfig, required=True, many=True, max_items=MAX_ENGINES,
+                                  min_items=1, alternative="discovery")
     )
     health: Health = field(default_factory=Health, metadata=rule(Health))
     ha: HA = field(default_factory=HA, metadata=rule(HA))
@@ -238,6 +292,8 @@ class Config:
     state_file: str | None = field(default=None, metadata=rule(str, optional=True))
     tracing: Tracing = field(default_factory=Tracing, metadata=rule(Tracing))
     logging: Logging = field(default_factory=Logging, metadata=rule(Logging))
+    cluster: Cluster = field(default_factory=Cluster, metadata=rule(Cluster))
+    discovery: Discovery = field(default_factory=Discovery, metadata=rule(Discovery))
 
     @property
     def served_models(self) -> tuple[ModelConfig, ...]:
