@@ -22,15 +22,17 @@ LAYERS: dict[str, int] = {
     "fleet": 2,        # engines, health, outlier ejection, maintenance, HA
     "observe": 2,      # the access log, traces (W3C context, OTLP export), log format
     "learning": 3,     # the latency model, profiling, drift, output lengths
+    "cluster": 3,      # several routers sharing one fleet through Redis: limits, load, admin
     "scheduling": 4,   # placement and the slots a placement holds
     "admission": 5,    # the queue, predictive admission, sizing, worker wake-ups
     "flow": 6,         # the request's journey: intake, attempts, relay, prefill leg
     "api": 7,          # routes only
-    "app": 8,          # the composition root
-    "prefork": 9,      # worker processes on one port: fork, signals, reaping
-    "serve": 10,       # running the router: one process or the workers
-    "cli": 11,
-    "__main__": 12,
+    "control": 8,      # changing the running router: reload, engines added and removed
+    "app": 9,          # the composition root
+    "prefork": 10,     # worker processes on one port: fork, signals, reaping
+    "serve": 11,       # running the router: one process or the workers
+    "cli": 12,
+    "__main__": 13,
 }
 """Each top-level package or module of ``narwhal`` and its layer: a unit may import only
 units of a lower layer (units of one layer are independent of each other)."""
