@@ -221,8 +221,8 @@ class Completions:
         echo_only = not chat and body.get("echo") is True and type(asked) is int and asked == 0
         if max_tokens is None:
             max_tokens = _int_field(body, "max_tokens", 0 if echo_only else 1)
-        if max_tokens is None and not chat:
-            max_tokens = COMPLETION_DEFAULT_MAX_TOKENS
+        if max_tokens is None and not chat and "max_tokens" not in body:
+            max_tokens = COMPLETION_DEFAULT_MAX_TOKENS  # vLLM: an explicit null is no limit
         budgets = [self._limits(len(p), max_tokens) for p in prompts]
         if echo_only:
             budgets = [1] * len(prompts)
@@ -262,10 +262,21 @@ class Completions:
             request.headers.get("x-request-id") or secrets.token_hex(8))
         created = int(time.time())
         plans = []
+        id_prompt = not chat and isinstance(body.get("prompt"), list) and len(ask.prompts) == 1
         for prompt_ids, budget in zip(ask.prompts, ask.budgets, strict=True):
-            # Same prompt, same tokens; the length is drawn per request from --output-len.
+            # Same prompt, same tokens; the length is drawn per request from --output-len
+            # (with a sampling seed in the body, from the prompt and that seed).
+            split = scenarios.chat_prompt_length(prompt_ids) if id_prompt else None
+            if split is not None:  # a chat answer resumed from its tokens so far
+                base, generated = prompt_ids[:split], len(prompt_ids) - split
+                offset = scenarios.content_offset(s.seed, base, body.get("seed"))
+                full = scenarios.chat_plan({}, directives.NONE, offset,
+                                           self._output_len(base, body), budget + generated,
+                                           ask.ignore_eos)
+                plans.append((prompt_ids, scenarios.continued(full, generated)))
+                continue
             offset = scenarios.content_offset(s.seed, prompt_ids, body.get("seed"))
-            out_len = s.output_length.sample(self._rng)
+            out_len = self._output_len(prompt_ids, body)
             if chat:
                 plan = scenarios.chat_plan(body, found, offset, out_len, budget, ask.ignore_eos)
             else:
@@ -315,6 +326,16 @@ class Completions:
             job.kv_ready = remote_prefill
             response.add(job)
         return response
+
+    def _output_len(self, prompt_ids: list[int], body: dict[str, Any]) -> int:
+        """The answer's length: drawn per request, or with a sampling ``seed`` in the body
+        fixed by the prompt and that seed (so a resumed answer ends where the unbroken one
+        would have)."""
+        seed = body.get("seed")
+        if seed is None:
+            return self._settings.output_length.sample(self._rng)
+        key = orjson.dumps([self._settings.seed, seed, prompt_ids, "length"])
+        return self._settings.output_length.sample(random.Random(key))
 
     def _check_role(self, body: dict[str, Any], stream: bool) -> bool:
         """Disaggregation roles (vLLM NIXL): a prefill engine serves the prefill leg

@@ -30,15 +30,16 @@ FAULTS: dict[str, int | None] = {
     "http_500": None, "http_400": None,
     # before any header: TCP reset / silence / headers N ms late
     "reset_before_headers": None, "hang_before_headers": None, "slow_headers": 1000,
-    # after token N: TCP reset / silence / vLLM's mid-stream error event and [DONE]
-    "reset_mid_stream": 1, "hang_mid_stream": 1, "error_event": 1,
+    # after token N: TCP reset / silence / vLLM's mid-stream error event and [DONE] /
+    # the body ended cleanly without [DONE] (an engine process stopped mid-answer)
+    "reset_mid_stream": 1, "hang_mid_stream": 1, "error_event": 1, "close_mid_stream": 1,
 }
 ID_FAULTS = frozenset({"missing_ids", "null_ids", "bool_ids", "negative_ids", "float_ids",
                        "string_ids"})
 PAYLOAD_FAULTS = frozenset({"audio", "annotations", "custom_tool"})
 # Faults that act when the request has produced ``arg`` tokens.
 TRIGGER_FAULTS = frozenset({"malformed_json", "bad_sse", "bad_chunk", "reset_mid_stream",
-                            "hang_mid_stream", "error_event"})
+                            "hang_mid_stream", "error_event", "close_mid_stream"})
 
 _MARKER = re.compile(rb"\[\[(sim|fault):([A-Za-z_][A-Za-z_0-9]*(?:[,:][A-Za-z_0-9]+)*)\]\]")
 

@@ -22,6 +22,7 @@ from narwhal.sim.directives import PAYLOAD_FAULTS, Directives
 from narwhal.sim.faults import payload_token
 
 REASONING_TOKENS = 8
+_ROLE_IDS = frozenset(tokenizer.ROLE_TOKENS.values())
 REFUSAL_TEXT = "I'm sorry, but I can't help with that request."
 DEFAULT_TOOLS = (
     ("get_weather", '{"location": "Paris", "unit": "celsius"}'),
@@ -132,6 +133,30 @@ def _finish(toks: list[sg.Tok], reason: str, max_tokens: int, ignore_eos: bool,
     if len(toks) + 1 > max_tokens:
         return Plan(toks[:max_tokens], "length", empty)
     return Plan([*toks, sg.EOS_TOK], reason, empty)
+
+
+def chat_prompt_length(prompt_ids: list[int]) -> int | None:
+    """A token-ID completion prompt that continues a chat answer (how a router resumes a
+    broken stream on another engine): the chat template's prompt (it opens with a role
+    marker and ends with the assistant marker) followed by the answer's tokens so far.
+    Returns the length of the chat prompt, or None when the prompt is not one."""
+    if not prompt_ids or prompt_ids[0] not in _ROLE_IDS:
+        return None
+    for at in range(len(prompt_ids) - 1, -1, -1):
+        if prompt_ids[at] == tokenizer.ASSISTANT:
+            return at + 1
+        if prompt_ids[at] < tokenizer.FIRST_ORDINARY:
+            return None  # a special token after the last turn: not a plain answer
+    return None
+
+
+def continued(full: Plan, generated: int) -> Plan:
+    """The rest of ``full`` once ``generated`` of its tokens are out: what the engine that
+    answers a continuation prompt produces, so the resumed answer equals the unbroken one."""
+    rest = full.tokens[generated:]
+    if not rest:  # the unbroken answer would have ended here
+        return Plan([sg.EOS_TOK], "stop", full.empty_delta)
+    return Plan(rest, full.finish, full.empty_delta)
 
 
 def content_offset(seed: int, prompt_ids: list[int], body_seed: Any) -> int:

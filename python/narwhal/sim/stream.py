@@ -196,6 +196,12 @@ class Response:
             ex.reset()
         elif name == "hang_mid_stream":
             ex.hang()
+        elif name == "close_mid_stream":
+            ex.listener = None
+            if self.stream:
+                ex.end()  # the body's last chunk, no [DONE]
+            else:
+                ex.close()
         elif name == "bad_chunk":
             ex.listener = None
             ex.start()  # non-streaming: chunked headers, so that the framing can break
