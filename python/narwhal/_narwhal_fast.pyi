@@ -227,6 +227,8 @@ class PrefixIndex:
         ``capacity`` of them when longer); return the leading chunks held before."""
     def forget(self, engine: int, probe: PrefixProbe, keep: int) -> None:
         """The engine reported holding only the first ``keep`` chunks: forget the rest."""
+    def reset(self, engine: int, capacity: int) -> None:
+        """A new engine in slot ``engine`` (the index grows to hold it): it holds nothing."""
     def set_capacity(self, engine: int, capacity: int) -> None:
         """Resize one engine's index, evicting the least recently placed."""
     def state(self, engine: int) -> tuple[int, int, int, int] | None:

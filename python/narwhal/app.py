@@ -4,6 +4,7 @@ collaborators, and runs their lifecycle (start, drain, stop)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterable
 
 from prometheus_client.metrics_core import Metric
@@ -18,7 +19,10 @@ from narwhal.api.auth import ClientAuth
 from narwhal.api.info import InfoRoutes, Lifecycle
 from narwhal.api.metrics import build_registry, token_accounting_family
 from narwhal.api.router import Router
-from narwhal.config import Config
+from narwhal.config import Config, EngineConfig
+from narwhal.control.discovery import Discovery
+from narwhal.control.fleet import ChangeRefused, FleetControl, Parts
+from narwhal.control.store import FileStore, MemoryStore
 from narwhal.fleet.engine import Engine
 from narwhal.fleet.health import HealthMonitor
 from narwhal.fleet.outlier import metric_families as outlier_families
@@ -31,18 +35,22 @@ from narwhal.request.models import Card, Catalog
 from narwhal.scheduling.placement import Scheduler
 from narwhal.upstream.client import EngineClient
 
+log = logging.getLogger("narwhal")
+
+
+def make_engine(slot: int, config: EngineConfig, model: str) -> Engine:
+    """One :class:`Engine` in board slot ``slot``, with its own connection pool."""
+    headers: list[tuple[bytes, bytes]] = []
+    if config.api_key:
+        headers.append((b"authorization", f"Bearer {config.api_key}".encode()))
+    return Engine(slot, config, EngineClient(config.url, headers=headers), model)
+
 
 def build_engines(config: Config, catalog: Catalog | None = None) -> list[Engine]:
-    """One :class:`Engine` per configured engine, each with its own connection pool."""
-    engines = []
-    for index, engine_config in enumerate(config.engines):
-        headers: list[tuple[bytes, bytes]] = []
-        if engine_config.api_key:
-            headers.append((b"authorization", f"Bearer {engine_config.api_key}".encode()))
-        model = catalog.first_model(index) if catalog is not None else config.default_model
-        engines.append(Engine(index, engine_config, EngineClient(engine_config.url,
-                                                                 headers=headers), model))
-    return engines
+    """One :class:`Engine` per configured engine, in slots 0..n-1."""
+    return [make_engine(index, engine_config, catalog.first_model(index)
+                        if catalog is not None else config.default_model)
+            for index, engine_config in enumerate(config.engines)]
 
 
 def model_board_paths(config: Config, path: str) -> list[str]:
@@ -72,8 +80,12 @@ class Narwhal:
     """
 
     def __init__(self, config: Config, board: Board, *, sizing: Sizing | None = None,
-                 worker_wake: tuple[int, list[int]] | None = None) -> None:
+                 worker_wake: tuple[int, list[int]] | None = None,
+                 config_path: str | None = None, leader: bool = True) -> None:
+        """``config_path``: the file ``config`` came from (reload re-reads it); ``leader``:
+        this process runs the fleet's discovery (one worker of several does)."""
         self.config = config
+        self.leader = leader
         self.board = board
         self.catalog = catalog = Catalog(config)
         self.model_boards = boards = model_boards(config, board)
@@ -94,33 +106,72 @@ class Narwhal:
         self.shared_admin: SharedAdmin | None = None
         self.wake: WorkerWake | None = None
         if worker_wake is not None and board.path is not None:
-            self.shared_admin = shared = SharedAdmin(
+            self.shared_admin = SharedAdmin(
                 f"{board.path}.admin.json", state, notify_peers=lambda: wake.notify_admin())
             wake = WorkerWake(asyncio.get_running_loop(), worker_wake[0], worker_wake[1],
-                              queue.kick, shared.apply)
+                              queue.kick, self._peer_changed)
             queue.notify_peers = wake.notify
             self.wake = wake
         self.lifecycle = Lifecycle()
         registry = build_registry(
-            board, lambda: [e.name for e in engines], extra=self._metric_families,
+            board, lambda: self.control.slot_names(), extra=self._metric_families,
             models=[] if boards is None else [
                 (m.name, b) for m, b in zip(config.models, boards, strict=True)])
         self.observer = make_observer(config)
         self.flow = CompletionFlow(
             config, board,
             sizing=sizing or make_sizing(config.admission.sizing, engines, config.tokenizer),
-            predictive=PredictiveAdmission(config.admission, learning, scheduler),
+            predictive=(predictive := PredictiveAdmission(config.admission, learning,
+                                                          scheduler)),
             scheduler=scheduler, queue=queue, learning=learning, observer=self.observer,
             state_refusal=state.refusal, names=catalog.names, model_boards=boards,
         )
+        self.control = control = self._fleet_control(config, config_path, predictive)
+        self.discovery = Discovery(config.discovery, control) if leader else None
         info = InfoRoutes(catalog, board, engines, learning, registry, self.lifecycle,
-                          state_refusal=state.refusal, eligible=scheduler.eligible)
+                          state_refusal=state.refusal, eligible=scheduler.eligible,
+                          leaving=control.leaving)
         keys = config.auth.api_keys
         self.router = Router(
             self.flow, info,
-            AdminApi(config.admin.token, state, engines, self.shared_admin),
+            AdminApi(config.admin.token, state, engines, self.shared_admin, control),
             ClientAuth(keys) if keys is not None else None,
         )
+
+    def _fleet_control(self, config: Config, config_path: str | None,
+                       predictive: PredictiveAdmission) -> FleetControl:
+        first = FleetControl.first_document(config)
+        board = self.board
+        store: MemoryStore | FileStore
+        if self.wake is not None and board.path is not None:
+            store = FileStore(f"{board.path}.fleet.json", first)
+        else:
+            store = MemoryStore(first)
+        parts = Parts(board=board, catalog=self.catalog, learning=self.learning,
+                      health=self.health, state=self.state, scheduler=self.scheduler,
+                      queue=self.queue, predictive=predictive, flow=self.flow,
+                      make_engine=self._make_engine)
+        wake = self.wake
+        control = FleetControl(config, self.engines, parts, store, config_path=config_path,
+                               notify_peers=None if wake is None else wake.notify_admin)
+        control.apply(store.read())
+        return control
+
+    def _make_engine(self, slot: int, config: EngineConfig) -> Engine:
+        return make_engine(slot, config, self.catalog.first_model(slot))
+
+    def _peer_changed(self) -> None:
+        """Another worker changed the admin state or the fleet: take both."""
+        if self.shared_admin is not None:
+            self.shared_admin.apply()
+        self.control.sync()
+
+    def reload(self) -> None:
+        """SIGHUP: reload the configuration file; a refused reload is logged."""
+        try:
+            self.control.reload()
+        except ChangeRefused as exc:
+            log.error("reload refused: %s", exc.message)
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -128,6 +179,8 @@ class Narwhal:
         self.health.start()
         await self.state.start()
         await self.learning.start()
+        if self.discovery is not None:
+            await self.discovery.start()
         self.lifecycle.started = True
 
     def drain(self) -> None:
@@ -136,6 +189,9 @@ class Narwhal:
         self.state.step_down()
 
     async def stop(self) -> None:
+        if self.discovery is not None:
+            await self.discovery.stop()
+        await self.control.stop()
         await self.learning.stop()
         await self.state.stop()
         await self.health.stop()
@@ -147,6 +203,7 @@ class Narwhal:
 
     # -- wiring ------------------------------------------------------------------------------
     def _engine_changed(self, engine: Engine) -> None:
+        self.control.engine_changed(engine)
         self.board.set_engine_up(engine.index, engine.serves())
         self.learning.engine_changed(engine)
         if engine.serves():

@@ -105,7 +105,8 @@ def _serve(args: argparse.Namespace) -> int:
         )
         config = dataclasses.replace(config, listen=listen)
     try:
-        return serve(config, workers=args.workers, extra=extra)
+        return serve(config, workers=args.workers, extra=extra,
+                     config_path=None if args.demo else args.config)
     finally:
         stop_processes(procs)
 

@@ -8,6 +8,8 @@ to them, bounds their shutdown and reaps them.
   killed (SIGKILL) and reaped; the parent then returns 1. Nothing the workers do can keep the
   parent waiting past that bound (a worker Linux cannot kill is abandoned after
   ``KILL_WAIT_S``, logged).
+* SIGHUP goes on to one worker, which reloads the configuration and shares the change
+  with the others.
 * Each worker asks Linux for SIGTERM when the parent dies (``PR_SET_PDEATHSIG``): a parent
   killed outright leaves no worker serving; each drains and exits on its own.
 
@@ -36,7 +38,7 @@ EXIT_MARGIN_S = 1.0
 KILL_WAIT_S = 1.0
 """How long a killed worker may take to be reaped before the parent leaves without it."""
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-_HANDLED = (*STOP_SIGNALS, signal.SIGCHLD)
+_HANDLED = (*STOP_SIGNALS, signal.SIGCHLD, signal.SIGHUP)
 _PR_SET_PDEATHSIG = 1
 
 Worker = Callable[[int, Callable[[], None]], None]
@@ -76,7 +78,7 @@ class Prefork:
         previous_fd = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
         try:
             for n in range(self.count):
-                if self._signals:
+                if any(sig != signal.SIGHUP for sig in self._signals):
                     break  # stopped while starting: no more workers
                 try:
                     self._fork(n, ready_w, (ready_r, wake_r, wake_w))
@@ -115,6 +117,8 @@ class Prefork:
                 signal.set_wakeup_fd(-1)
                 for sig in _HANDLED:
                     signal.signal(sig, signal.SIG_DFL)
+                # A reload before the worker serves is moot (it reads the file as it is).
+                signal.signal(signal.SIGHUP, signal.SIG_IGN)
                 for fd in parent_fds:
                     os.close(fd)
                 _die_with_parent(parent)
@@ -141,8 +145,13 @@ class Prefork:
                 _drain(wake_r)
             self._reap()
             if self._signals:
+                stop = any(sig != signal.SIGHUP for sig in self._signals)
+                reload = signal.SIGHUP in self._signals
                 self._signals.clear()
-                self._stop()
+                if stop:
+                    self._stop()
+                elif reload:
+                    self._reload()
             due = self._deadline()
             if self.pids and due is not None and time.monotonic() >= due:
                 self._overdue()
@@ -178,6 +187,15 @@ class Prefork:
             elif code != 0:
                 log.error("worker %d (pid %d) exited (status %d)", n, pid, code)
                 self.status = 1
+
+    def _reload(self) -> None:
+        """SIGHUP: one worker (the lowest-numbered running) reloads the configuration; it
+        shares the result with the others as every fleet change is shared."""
+        if self.stop_at is not None or not self.pids:
+            return
+        pid = min(self.pids, key=lambda p: self.pids[p])
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGHUP)
 
     def _stop(self) -> None:
         """Pass a stop on to every worker; the first one starts the exit deadline."""

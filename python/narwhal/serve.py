@@ -17,7 +17,7 @@ import uvloop
 
 from narwhal._narwhal_fast import Board
 from narwhal.app import Narwhal, model_board_paths
-from narwhal.config import Config
+from narwhal.config import MAX_ENGINES, Config
 from narwhal.prefork import Prefork
 from narwhal.server.http import HttpServer, ServerLimits
 
@@ -47,10 +47,14 @@ async def run_worker(
     reuse_port: bool,
     on_ready: Callable[[int], None],
     wake_fds: tuple[int, list[int]] | None = None,
+    config_path: str | None = None,
+    leader: bool = True,
 ) -> None:
-    """Serve until SIGTERM/SIGINT, then drain in-flight requests within the grace period."""
+    """Serve until SIGTERM/SIGINT, then drain in-flight requests within the grace period;
+    SIGHUP reloads the configuration file."""
     loop = asyncio.get_running_loop()
-    narwhal = Narwhal(config, board, worker_wake=wake_fds)
+    narwhal = Narwhal(config, board, worker_wake=wake_fds, config_path=config_path,
+                      leader=leader)
     server = HttpServer(
         narwhal.router,
         limits_of(config),
@@ -69,6 +73,7 @@ async def run_worker(
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, narwhal.reload)
     on_ready(bound)
     await stop.wait()
     narwhal.drain()
@@ -84,25 +89,29 @@ def _ready_line(config: Config, port: int, workers: int, extra: str = "") -> str
     )
 
 
-def serve(config: Config, *, workers: int = 1, extra: str = "") -> int:
-    """Run the router in the foreground. Prints one line when ready to serve."""
+def serve(config: Config, *, workers: int = 1, extra: str = "",
+          config_path: str | None = None) -> int:
+    """Run the router in the foreground. Prints one line when ready to serve.
+    ``config_path``: the file ``config`` was read from (SIGHUP and ``/admin/reload`` re-read
+    it). The board has a slot for every engine the fleet may hold (engines come and go)."""
     if workers <= 1:
-        board = Board(engines=max(1, len(config.engines)))
+        board = Board(engines=MAX_ENGINES)
 
         def ready(port: int) -> None:
             print(_ready_line(config, port, 1, extra), flush=True)
 
         uvloop.run(
-            run_worker(config, board, port=config.listen.port, reuse_port=False, on_ready=ready)
+            run_worker(config, board, port=config.listen.port, reuse_port=False, on_ready=ready,
+                       config_path=config_path)
         )
         return 0
-    return _serve_workers(config, workers, extra)
+    return _serve_workers(config, workers, extra, config_path)
 
 
-def _serve_workers(config: Config, workers: int, extra: str) -> int:
+def _serve_workers(config: Config, workers: int, extra: str, config_path: str | None) -> int:
     """Pre-fork N workers that bind one port with SO_REUSEPORT and share one board in /dev/shm."""
     path = f"/dev/shm/narwhal-{os.getpid()}.board"
-    board = Board(engines=max(1, len(config.engines)), path=path, create=True)
+    board = Board(engines=MAX_ENGINES, path=path, create=True)
     # Per-model metrics: each model's board beside the main one (the workers attach).
     models = [Board(engines=1, path=p, create=True) for p in model_board_paths(config, path)]
     # Hold the port (found here when 0 is asked) so every worker binds the same one.
@@ -114,7 +123,7 @@ def _serve_workers(config: Config, workers: int, extra: str) -> int:
 
     def worker(n: int, ready: Callable[[], None]) -> None:
         wake_fds = (wake_pipes[n][0], [w for i, (_, w) in enumerate(wake_pipes) if i != n])
-        shared = Board(engines=max(1, len(config.engines)), path=path, create=False)
+        shared = Board(engines=MAX_ENGINES, path=path, create=False)
         uvloop.run(
             run_worker(
                 config,
@@ -123,6 +132,8 @@ def _serve_workers(config: Config, workers: int, extra: str) -> int:
                 reuse_port=True,
                 on_ready=lambda _port: ready(),
                 wake_fds=wake_fds,
+                config_path=config_path,
+                leader=n == 0,
             )
         )
 
@@ -141,8 +152,9 @@ def _serve_workers(config: Config, workers: int, extra: str) -> int:
     holder.close()
     for each in (board, *models):
         each.unlink()
-    with contextlib.suppress(OSError):
-        os.unlink(f"{path}.admin.json")
+    for suffix in (".admin.json", ".fleet.json", ".fleet.json.lock"):
+        with contextlib.suppress(OSError):
+            os.unlink(f"{path}{suffix}")
     return status
 
 

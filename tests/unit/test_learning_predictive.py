@@ -24,7 +24,7 @@ def admission(n: int = 1, *, mode: str = "predictive", budget: float = 2.0,
     engines = healthy_engines(EngineConfig(name=f"e{i}", url=f"http://127.0.0.1:{9100 + i}")
                               for i in range(n))
     learning = Learning(engines)
-    for learned in learning.learned:
+    for learned in learning.learned.values():
         learned.prefill = PrefillModel(OVERHEAD, RATE)
     sched = Scheduler(engines, Board(engines=n), learning, predictive=mode == "predictive")
     config = Admission(mode=mode, ttft_budget_s=budget)  # type: ignore[arg-type]

@@ -42,12 +42,12 @@ def refused_url() -> str:
 
 
 def supervisor(*urls: str) -> Supervisor:
-    learned = []
+    learned = {}
     for i, url in enumerate(urls):
         cfg = EngineConfig(name=f"e{i}", url=url)
         engine = Engine(i, cfg, EngineClient(cfg.url))
         engine.health = Health.HEALTHY
-        learned.append(EngineLearned(engine))
+        learned[i] = EngineLearned(engine)
     return Supervisor(learned, OutputLengths(), lambda engine: None, model="m")
 
 

@@ -161,7 +161,7 @@ def fleet(config: Config) -> tuple[Catalog, list[Engine], Learning, Scheduler]:
         engine.health = Health.HEALTHY
         engines.append(engine)
     learning = Learning(engines, config)
-    for learned in learning.learned:
+    for learned in learning.learned.values():
         learned.prefill = PrefillModel(0.01, 1000.0)
     sched = Scheduler(engines, Board(engines=len(engines)), learning, predictive=True)
     return catalog, engines, learning, sched

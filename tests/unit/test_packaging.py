@@ -64,7 +64,7 @@ def test_every_dependency_has_a_lower_bound_and_redis_is_only_an_extra() -> None
     redis = [r for r in requirements if r.name == "redis"]
     assert [str(r.marker) for r in redis] == ['extra == "redis"']
     core = {r.name for r in requirements if r.marker is None}
-    assert core == {"uvloop", "httptools", "orjson", "prometheus-client", "pyyaml"}
+    assert core == {"uvloop", "httptools", "orjson", "prometheus-client", "pyyaml", "dnspython"}
 
 
 def test_every_module_imports_without_the_redis_client() -> None:

@@ -30,7 +30,7 @@ def fleet(n: int, *, weights: tuple[float, ...] = ()) -> list[Engine]:
 def scheduler(engines: list[Engine], policy: str = "lowest_ttft", *, predictive: bool = True,
               rates: tuple[float, ...] = ()) -> Scheduler:
     learning = Learning(engines)
-    for i, learned in enumerate(learning.learned):
+    for i, learned in enumerate(learning.learned.values()):
         learned.prefill = PrefillModel(0.005, rates[i] if rates else 10_000.0)
     return Scheduler(engines, Board(engines=len(engines)), learning, policy=policy,
                      predictive=predictive)

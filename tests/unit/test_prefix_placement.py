@@ -27,7 +27,7 @@ def fleet(n: int = 2, budget: float = 1.5) -> tuple[Scheduler, PredictiveAdmissi
                               for i in range(n))
     learning = Learning(engines)
     learning.prefix = PrefixCaches(engines)
-    for learned in learning.learned:
+    for learned in learning.learned.values():
         learned.prefill = PrefillModel(OVERHEAD, RATE)
     sched = Scheduler(engines, Board(engines=n), learning, predictive=True)
     config = Admission(mode="predictive", ttft_budget_s=budget)

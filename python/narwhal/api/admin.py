@@ -1,10 +1,11 @@
-"""Admin routes: maintenance waves, engine drain, HA role; bearer token required."""
+"""Admin routes: maintenance waves, engine drain, HA role, reload, engines added and
+removed; bearer token required."""
 
 from __future__ import annotations
 
 import hmac
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
@@ -24,6 +25,16 @@ _DRAIN_PREFIX = "/admin/engines/"
 _DRAIN_SUFFIX = "/drain"
 
 
+class FleetChanges(Protocol):
+    """What changes the fleet (``control.fleet.FleetControl``); each raises Refusal when the
+    change cannot be made, and returns the fleet as it now is."""
+
+    def reload(self) -> dict[str, Any]: ...
+    def add_engine(self, entry: object) -> dict[str, Any]: ...
+    def remove_engine(self, name: str) -> dict[str, Any]: ...
+    def describe(self) -> dict[str, Any]: ...
+
+
 class _Conflict(Exception):
     """The request is well-formed but the router's configuration decides otherwise (409)."""
 
@@ -36,20 +47,31 @@ class AdminApi:
     * ``POST /admin/engines/{name}/drain`` ``{"enabled": true}``
     * ``POST /admin/role`` ``{"role": "active" | "standby"}`` (409 with a lease backend)
     * ``GET /admin/state``: role, lease and epoch, maintenance, drains, monitoring
+    * ``POST /admin/reload``: re-read the configuration file (400 naming the problem when it
+      is invalid or changes a key that needs a restart; nothing changes then)
+    * ``POST /admin/engines`` (one engine entry): add an engine; ``DELETE
+      /admin/engines/{name}``: drain it and take it out; ``GET /admin/fleet``: the fleet
     """
 
     def __init__(self, token: str | None, state: RouterState, engines: Sequence[Engine],
-                 shared: SharedAdmin | None = None):
+                 shared: SharedAdmin | None = None, fleet: FleetChanges | None = None):
         """``shared``: the admin state file of several workers serving one port."""
         self._token = (token or "").encode()
         self.state = state
         self.engines = engines
         self.shared = shared
+        self.fleet = fleet
         self._routes: dict[str, tuple[str, Callable[[Any], dict[str, Any]]]] = {
             "/admin/maintenance": ("POST", self._maintenance),
             "/admin/role": ("POST", self._role),
             "/admin/state": ("GET", lambda _body: self.state.describe()),
         }
+        if fleet is not None:
+            self._routes.update({
+                "/admin/reload": ("POST", lambda _body: fleet.reload()),
+                "/admin/engines": ("POST", fleet.add_engine),
+                "/admin/fleet": ("GET", lambda _body: fleet.describe()),
+            })
 
     async def handle(self, request: Request, responder: Responder) -> None:
         try:
@@ -57,7 +79,9 @@ class AdminApi:
             method, action = self._route(request.path)
             if request.method != method:
                 raise Refusal("method_not_allowed", headers=((b"Allow", method.encode()),))
-            result = action(self._body(request) if method == "POST" else None)
+            body = self._body(request) if method == "POST" and request.path != "/admin/reload" \
+                else None
+            result = action(body)
         except Refusal as ref:
             status, headers, out = refusal_response(ref)
             responder.send(status, out, headers)
@@ -90,6 +114,11 @@ class AdminApi:
                 if engine.name == name:
                     return "POST", lambda body, engine=engine: self._drain(engine, body)
             raise Refusal("not_found", f"No engine named {name!r}")
+        fleet = self.fleet
+        if fleet is not None and path.startswith(_DRAIN_PREFIX) and "/" not in path[
+                len(_DRAIN_PREFIX):]:
+            name = path[len(_DRAIN_PREFIX):]
+            return "DELETE", lambda _body: fleet.remove_engine(name)
         raise Refusal("not_found", f"No route for {path}")
 
     @staticmethod

@@ -43,9 +43,13 @@ class InfoRoutes:
         *,
         state_refusal: Callable[[], str | None],
         eligible: Callable[[], Sequence[Engine]],
+        leaving: Sequence[Engine] = (),
     ):
+        """``engines``: the fleet's live list; ``leaving``: engines removed from it whose
+        requests are still finishing (shown as ``removing``)."""
         self.board = board
         self.engines = engines
+        self.leaving = leaving
         self.learning = learning
         self.registry = registry
         self.lifecycle = lifecycle
@@ -96,7 +100,7 @@ class InfoRoutes:
     def describe_engines(self) -> list[dict[str, Any]]:
         board, catalog, learning = self.board, self.catalog, self.learning
         out = []
-        for engine in self.engines:
+        for engine in (*self.engines, *self.leaving):
             prefill, decode = board.inflight(engine.index)
             described = engine.describe({"prefill": prefill, "decode": decode},
                                         catalog.names_on(engine.index))

@@ -108,7 +108,8 @@ ModelSnapshots = Sequence[tuple[str, dict[str, Any]]]
 class BoardCollector(Collector):
     """Turns one `board.snapshot()` per scrape into metric families (no counting here).
 
-    `engine_names()` gives the name of each engine index; `extra()` yields more families
+    `engine_names()` gives the name of the engine in each board slot (None: a free slot);
+    `extra()` yields more families
     (engine token accounting, learned drift, ...) owned by other parts. `models`: each
     configured model's name and board (per-model metrics): the outcome and latency families
     then carry, beside the unlabelled totals, one sample per model labelled `model`.
@@ -117,7 +118,7 @@ class BoardCollector(Collector):
     def __init__(
         self,
         board: Board,
-        engine_names: Callable[[], Sequence[str]],
+        engine_names: Callable[[], Sequence[str | None]],
         extra: Callable[[], Iterable[Metric]] | None = None,
         models: Sequence[tuple[str, Board]] = (),
     ) -> None:
@@ -137,7 +138,7 @@ class BoardCollector(Collector):
             yield from self._extra()
 
 
-def _families(snapshot: dict[str, Any], engine_names: Sequence[str],
+def _families(snapshot: dict[str, Any], engine_names: Sequence[str | None],
               models: ModelSnapshots = ()) -> Iterator[Metric]:
     """Every board family; with an empty snapshot, just the declarations."""
     for family in COUNTERS:
@@ -163,6 +164,8 @@ def _families(snapshot: dict[str, Any], engine_names: Sequence[str],
     inflight = GaugeMetricFamily(ENGINE_INFLIGHT.name, ENGINE_INFLIGHT.help, labels=[ENGINE, PHASE])
     up = GaugeMetricFamily(ENGINE_UP.name, ENGINE_UP.help, labels=[ENGINE])
     for name, cell in zip(engine_names, snapshot.get("engines", ()), strict=False):
+        if name is None:
+            continue  # a free slot
         for phase in PHASES:
             inflight.add_metric([name, phase], cell[phase])
         up.add_metric([name], 1 if cell["up"] else 0)
@@ -194,7 +197,7 @@ def _sum_histograms(histograms: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def build_registry(
     board: Board,
-    engine_names: Callable[[], Sequence[str]],
+    engine_names: Callable[[], Sequence[str | None]],
     extra: Callable[[], Iterable[Metric]] | None = None,
     models: Sequence[tuple[str, Board]] = (),
 ) -> CollectorRegistry:

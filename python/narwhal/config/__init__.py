@@ -1,6 +1,12 @@
 """Narwhal's configuration: one YAML file parsed into typed, frozen, validated sections."""
 
-from narwhal.config.loader import demo_config, load_config, parse_config
+from narwhal.config.loader import (
+    demo_config,
+    load_config,
+    load_config_data,
+    parse_config,
+    parse_engine,
+)
 from narwhal.config.schema import MAX_ENGINES, ConfigError
 from narwhal.config.sections import (
     DEMO_MODEL,
@@ -60,5 +66,7 @@ __all__ = [
     "Tracing",
     "demo_config",
     "load_config",
+    "load_config_data",
     "parse_config",
+    "parse_engine",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
 import os
@@ -12,7 +13,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import yaml
 
 from narwhal.config.schema import ConfigError, Rule
-from narwhal.config.sections import DEMO_MODEL, Cluster, Config, DnsDiscovery, Health, Lease
+from narwhal.config.sections import (
+    DEMO_MODEL,
+    Cluster,
+    Config,
+    DnsDiscovery,
+    EngineConfig,
+    Health,
+    Lease,
+)
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -293,15 +302,30 @@ _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _n
 
 def load_config(path: str | os.PathLike[str]) -> Config:
     """Read and validate a YAML configuration file; every error names the file."""
+    return parse_config(load_config_data(path), source=os.fspath(path))
+
+
+def load_config_data(path: str | os.PathLike[str]) -> Any:
+    """A YAML file's document, not yet validated (``parse_config`` does that); an unreadable
+    file or invalid YAML raises ConfigError naming the file."""
     source = os.fspath(path)
     try:
         with open(path, encoding="utf-8") as stream:
-            data = yaml.load(stream, Loader=_StrictLoader)
+            return yaml.load(stream, Loader=_StrictLoader)
     except OSError as exc:
         raise ConfigError(source, [("", f"cannot read the file: {exc.strerror or exc}")]) from exc
     except (yaml.YAMLError, ValueError) as exc:  # ValueError: e.g. an int beyond the digit limit
         raise ConfigError(source, [("", f"invalid YAML: {exc}")]) from exc
-    return parse_config(data, source=source)
+
+
+def parse_engine(data: object, *, source: str = "<engine>") -> EngineConfig:
+    """Validate one engine entry (the keys of ``engines[]``); ConfigError names each bad key
+    without a prefix (``max_decode``, not ``engines[0].max_decode``)."""
+    problems: Problems = []
+    engine = _section(EngineConfig, data, "", problems)
+    if problems:
+        raise ConfigError(source, problems)
+    return engine
 
 
 def demo_config(engine_urls: Sequence[str], *, port: int = 8000, model: str = DEMO_MODEL) -> Config:
@@ -310,3 +334,32 @@ def demo_config(engine_urls: Sequence[str], *, port: int = 8000, model: str = DE
     return parse_config(
         {"model": model, "listen": {"port": port}, "engines": engines}, source="<demo>"
     )
+
+
+def config_data(config: DataclassInstance) -> dict[str, Any]:
+    """The document ``parse_config`` turns back into ``config`` (or a section into that
+    section): every key that differs from its default, and every required key."""
+    out: dict[str, Any] = {}
+    for f in fields(config):
+        value = getattr(config, f.name)
+        rule: Rule = f.metadata["rule"]
+        if is_dataclass(rule.kind):
+            if rule.many:
+                value = [config_data(item) for item in value]
+            elif value is not None:
+                value = config_data(value)
+                if not value and not rule.optional:
+                    continue  # a section at every default
+        elif isinstance(value, tuple):
+            value = list(value)
+        default = (f.default_factory() if f.default_factory is not dataclasses.MISSING
+                   else f.default)
+        if default is not dataclasses.MISSING and not rule.required:
+            if is_dataclass(default) and value == config_data(default):  # type: ignore[arg-type]
+                continue
+            if value == default or (isinstance(default, tuple) and value == list(default)):
+                continue
+        if value is None and not rule.optional:
+            continue  # a required key left out for its alternative (model / models)
+        out[f.name] = value
+    return out

@@ -23,7 +23,14 @@ class Health(enum.Enum):
 
 
 class Engine:
-    """An engine of the fleet. ``index`` is its slot in the shared accounting board."""
+    """An engine of the fleet. ``index`` is its slot in the shared accounting board, kept for
+    the engine's life (an engine added at run time takes a free slot; a removed one gives its
+    slot back once nothing is in flight on it in any worker).
+
+    ``joining``: added at run time and not yet profiled (its first good probe and profile
+    come before its first placement). ``removed``: taken out of the fleet; its in-flight
+    requests finish, nothing new is placed on it.
+    """
 
     __slots__ = (
         "breaker",
@@ -34,9 +41,11 @@ class Engine:
         "draining",
         "health",
         "index",
+        "joining",
         "load",
         "maintenance",
         "model",
+        "removed",
     )
 
     def __init__(self, index: int, config: EngineConfig, client: EngineClient,
@@ -48,6 +57,8 @@ class Engine:
         self.health = Health.UNKNOWN
         self.draining = False
         self.maintenance = False
+        self.joining = False
+        self.removed = False
         self.consecutive_failures = 0
         self.consecutive_successes = 0
         self.load: dict[str, float] = {}
@@ -68,6 +79,10 @@ class Engine:
 
     @property
     def state(self) -> str:
+        if self.removed:
+            return "removing"
+        if self.joining:
+            return "joining"
         if self.maintenance:
             return "maintenance"
         if self.draining:
@@ -77,9 +92,10 @@ class Engine:
         return self.health.value
 
     def passes(self) -> bool:
-        """Healthy (passing its probes), not drained, not in maintenance: placeable unless
-        outlier ejection holds it out."""
-        return self.health is Health.HEALTHY and not self.draining and not self.maintenance
+        """Healthy (passing its probes), not drained, not in maintenance, in the fleet and
+        done joining: placeable unless outlier ejection holds it out."""
+        return (self.health is Health.HEALTHY and not self.draining and not self.maintenance
+                and not self.joining and not self.removed)
 
     def serves(self) -> bool:
         """Placeable and not ejected: accepting new placements (phase capacity is checked by

@@ -63,6 +63,7 @@ class HealthMonitor:
         self.rounds = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
+        self._extra: set[asyncio.Task[None]] = set()  # probes outside the rounds
         self.outliers = Fleet(
             engines,
             threshold=config.failures_to_evict,
@@ -76,6 +77,14 @@ class HealthMonitor:
         """Join ``engine`` to the fleet's outlier detection (an engine added to the live
         list later needs this too)."""
         engine.breaker.join(self.outliers, engine, self._notifier(engine))
+
+    def reconfigure(self, config: HealthConfig) -> None:
+        """New health settings, live: the next probe round and ejection use them."""
+        self.config = config
+        outliers = self.outliers
+        outliers.threshold = config.failures_to_evict
+        outliers.base_s = config.failures_to_evict * config.interval_s
+        outliers.max_ejected_percent = config.max_ejected_percent
 
     def _notifier(self, engine: Engine) -> Callable[[], None]:
         def notify() -> None:
@@ -108,6 +117,13 @@ class HealthMonitor:
                 asyncio.gather(*(self._probe(engine) for engine in self.engines)), limit
             )
         self.rounds += 1
+
+    def probe_soon(self, engine: Engine) -> None:
+        """Probe one engine now (an engine that just joined), outside the rounds."""
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(self._probe(engine), name=f"probe {engine.name}")
+        self._extra.add(task)
+        task.add_done_callback(self._extra.discard)
 
     async def _probe(self, engine: Engine) -> None:
         cfg = self.config
@@ -191,7 +207,8 @@ class HealthMonitor:
             await self.probe_all()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        for task in (self._task, *self._extra):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task

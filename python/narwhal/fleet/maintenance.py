@@ -69,6 +69,19 @@ class Maintenance:
                 engine.maintenance = flag
                 self.on_change(engine)
 
+    def refresh(self) -> None:
+        """The fleet changed (engines added or removed): the configured waves are now those of
+        the engines in it. An added engine of a wave under maintenance joins it; a wave no
+        engine belongs to any more leaves the active set."""
+        self.waves = tuple(dict.fromkeys(e.config.wave for e in self.engines))
+        self.active &= set(self.waves)
+        self.whole = bool(self.waves) and self.active.issuperset(self.waves)
+        for engine in self.engines:
+            flag = engine.config.wave in self.active
+            if engine.maintenance is not flag:
+                engine.maintenance = flag
+                self.on_change(engine)
+
     def drain(self, engine: Engine, enabled: bool) -> None:
         """Drain one engine (no new placements, in-flight requests finish) or undo it."""
         if engine.draining is not enabled:

@@ -24,7 +24,7 @@ class EngineLearned:
     """Everything learned about one engine, and its projected load in this process."""
 
     __slots__ = ("drift_tpot", "drift_ttft", "due", "engine", "error", "failures",
-                 "last_prefill", "load", "prefill", "profile_reason", "profiled_at",
+                 "last_prefill", "load", "outcomes", "prefill", "profile_reason", "profiled_at",
                  "profiled_mono", "profiles", "profiling", "retry_at", "tpot", "wanted_at")
 
     def __init__(self, engine: Engine) -> None:
@@ -45,6 +45,7 @@ class EngineLearned:
         self.wanted_at = 0.0  # Unix time it became wanted
         self.retry_at = 0.0  # monotonic time before which no profile is tried
         self.last_prefill: tuple[float, float] | None = None  # (predicted, observed) seconds
+        self.outcomes = [0, 0]  # finished profiles: [ok, failed]
 
     def profiled(self) -> bool:
         return self.prefill is not None

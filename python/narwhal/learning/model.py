@@ -47,7 +47,8 @@ class Learning:
         self.config = config
         self.predictive = config is not None and config.admission.mode == "predictive"
         self.drift_threshold = config.admission.drift_threshold if config is not None else 0.5
-        self.learned = [EngineLearned(engine) for engine in engines]
+        # Per engine, by board slot (engines come and go at run time: add_engine, remove_engine).
+        self.learned: dict[int, EngineLearned] = {e.index: EngineLearned(e) for e in engines}
         self.output = OutputLengths()
         self.pending = PendingBook()
         self.pendings: dict[Served, PendingBook] = {}  # other models' and adapters'
@@ -74,7 +75,7 @@ class Learning:
         own = self.learned[engine.index].prefill
         if own is not None:
             return own
-        known = [e.prefill for e in self.learned if e.prefill is not None]
+        known = [e.prefill for e in self.learned.values() if e.prefill is not None]
         if not known:
             return DEFAULT_PREFILL
         return PrefillModel(sum(m.overhead_s for m in known) / len(known),
@@ -147,7 +148,9 @@ class Learning:
         """The attempt's first generated token (``now_loop``: the relay's loop time)."""
         if track.released or track.first_at is not None:
             return
-        learned = self.learned[track.engine]
+        learned = self.learned.get(track.engine)
+        if learned is None:
+            return  # its engine left the fleet
         now = time.monotonic()
         track.first_loop = now_loop
         track.first_tokens = track.tokens
@@ -163,14 +166,16 @@ class Learning:
 
     def release(self, track: Track) -> None:
         """The attempt is over (however it ended): out of the engine's projected load."""
-        self.learned[track.engine].load.release(track, time.monotonic())
+        learned = self.learned.get(track.engine)
+        if learned is not None:  # None: its engine left the fleet
+            learned.load.release(track, time.monotonic())
 
     def on_end(self, track: Track, last_loop: float, completed: bool) -> None:
         """The request ended; ``last_loop``: the relay's loop time of its last token read."""
         self.release(track)
-        if track.first_at is None:
+        learned = self.learned.get(track.engine)
+        if track.first_at is None or learned is None:
             return
-        learned = self.learned[track.engine]
         demand = track.demand
         if completed:
             self.lengths(demand.served)[demand.route].observe(demand.max_tokens, track.tokens)
@@ -195,6 +200,30 @@ class Learning:
             learned.wanted_at = time.time()
             self.supervisor.wake()
 
+    def add_engine(self, engine: Engine) -> None:
+        """``engine`` joined the fleet (its slot is free here): learn it from scratch, or from
+        the state file when it holds a profile of the same name and URL."""
+        learned = self.learned[engine.index] = EngineLearned(engine)
+        self.supervisor.added(learned)
+        if self.prefix is not None:
+            self.prefix.add_engine(engine)
+        self.supervisor.wake()
+
+    def remove_engine(self, engine: Engine) -> None:
+        """``engine`` left the fleet and nothing is in flight on it: forget it (its slot may
+        go to another engine)."""
+        learned = self.learned.get(engine.index)
+        if learned is not None and learned.engine is engine:
+            del self.learned[engine.index]
+            self.supervisor.removed(learned)
+            if self.prefix is not None:
+                self.prefix.remove_engine(engine)
+
+    def reconfigure(self, config: Config) -> None:
+        """New settings, live: the drift threshold."""
+        self.config = config
+        self.drift_threshold = config.admission.drift_threshold
+
     def engine_changed(self, engine: Engine) -> None:
         """The engine's health or drain state changed: it may need its first profile."""
         self.supervisor.wake()
@@ -210,7 +239,9 @@ class Learning:
     # -- reporting --------------------------------------------------------------------------
     def describe(self, engine: Engine) -> dict[str, Any] | None:
         """The ``learned`` object of ``/engines`` (SI units)."""
-        learned = self.learned[engine.index]
+        learned = self.learned.get(engine.index)
+        if learned is None or learned.engine is not engine:
+            return None
         now = time.monotonic()
         prefill = learned.prefill
         last = learned.last_prefill
@@ -257,7 +288,7 @@ class Learning:
         profiles = CounterMetricFamily("narwhal_engine_profiles",
                                        "Finished profiles of the engine, by outcome.",
                                        labels=["engine", "outcome"])
-        for learned in self.learned:
+        for learned in self.learned.values():
             name = learned.engine.name
             drift.add_metric([name, "ttft"], learned.drift_ttft.value)
             drift.add_metric([name, "tpot"], learned.drift_tpot.value)
@@ -266,9 +297,8 @@ class Learning:
                 overhead.add_metric([name], learned.prefill.overhead_s)
             if learned.tpot.base_s is not None:
                 tpot.add_metric([name], learned.tpot.base_s)
-            profiles.add_metric([name, "ok"], self.supervisor.outcomes[learned.engine.index][0])
-            profiles.add_metric([name, "failed"],
-                                self.supervisor.outcomes[learned.engine.index][1])
+            profiles.add_metric([name, "ok"], learned.outcomes[0])
+            profiles.add_metric([name, "failed"], learned.outcomes[1])
         yield from (drift, rate, overhead, tpot, profiles)
 
 

@@ -68,8 +68,10 @@ class PrefixCaches:
 
     def __init__(self, engines: Sequence[Engine], chunk_bytes: int = 64) -> None:
         self.chunk_bytes = chunk_bytes
-        self.configured = [self.capacity(e) for e in engines]  # chunks, from kv_cache_tokens
-        self.index = PrefixIndex(self.configured, chunk_bytes)
+        # Chunks each engine's cache holds (from kv_cache_tokens), by board slot.
+        self.configured = {e.index: self.capacity(e) for e in engines}
+        slots = max(self.configured, default=-1) + 1
+        self.index = PrefixIndex([self.configured.get(k, 0) for k in range(slots)], chunk_bytes)
         self.chunk_bytes = self.index.chunk_bytes
         self.sessions: OrderedDict[str, tuple[int, int]] = OrderedDict()  # -> engine, chunks
         self.reported: dict[int, list[int]] = {}  # engine -> [prompt tokens, cached] reported
@@ -78,6 +80,19 @@ class PrefixCaches:
         """Chunks the engine's cache holds: its KV tokens as text bytes, in chunks."""
         tokens = getattr(engine.config, "kv_cache_tokens", 0)
         return tokens * CHARS_PER_TOKEN // self.chunk_bytes
+
+    def add_engine(self, engine: Engine) -> None:
+        """An engine joined the fleet in slot ``engine.index``: its index starts empty."""
+        self.configured[engine.index] = capacity = self.capacity(engine)
+        self.index.reset(engine.index, capacity)
+        self.reported.pop(engine.index, None)
+
+    def remove_engine(self, engine: Engine) -> None:
+        """An engine left the fleet: nothing is cached there any more (sessions homed on it
+        are forgotten as they come)."""
+        self.configured.pop(engine.index, None)
+        self.index.reset(engine.index, 0)
+        self.reported.pop(engine.index, None)
 
     # -- a request ----------------------------------------------------------------------------
     def probe(self, demand: Demand, parsed: Parsed, session: str | None) -> None:
@@ -160,7 +175,7 @@ class PrefixCaches:
         if held + 1 < expected:
             self.index.set_capacity(engine, max(MIN_CAPACITY, capacity * 9 // 10))
         elif held > expected + 1:
-            ceiling = self.configured[engine] * 4 if engine < len(self.configured) else 0
+            ceiling = self.configured.get(engine, 0) * 4
             self.index.set_capacity(engine, min(ceiling, capacity + capacity // 20 + 1))
 
     # -- reporting ----------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from narwhal.fleet.engine import Engine, Health
@@ -63,7 +63,7 @@ class Supervisor:
     worker process opens, to take turns profiling (None in a single process).
     """
 
-    def __init__(self, learned: Sequence[EngineLearned], output: OutputLengths,
+    def __init__(self, learned: Mapping[int, EngineLearned], output: OutputLengths,
                  on_profiled: Callable[[Engine], None], *, model: str,
                  state_file: str | None = None, shared_path: str | None = None) -> None:
         self.learned = learned
@@ -73,7 +73,6 @@ class Supervisor:
         self.started_at = time.time()
         self.profiler = Profiler(model)
         self.state_file = state_file
-        self.outcomes = [[0, 0] for _ in learned]  # [ok, failed] per engine
         self.dirty = False
         self._saved_at = time.monotonic()
         self._wake: asyncio.Event | None = None
@@ -82,6 +81,21 @@ class Supervisor:
         self._slots: asyncio.Semaphore | None = None
         if self.state_file:
             self.restore(read_section(self.state_file, STATE_KEY))
+
+    def added(self, learned: EngineLearned) -> None:
+        """An engine joined the fleet: take its stored profile (same name and URL) if the
+        state file holds one, as at start."""
+        if self.state_file:
+            data = read_section(self.state_file, STATE_KEY)
+            engines = data.get("engines") if isinstance(data, dict) else None
+            if isinstance(engines, dict) and self._take(learned, engines.get(learned.engine.name)):
+                learned.profile_reason = "restored"
+
+    def removed(self, learned: EngineLearned) -> None:
+        """An engine left the fleet: a profile of it still running is cancelled."""
+        for task in list(self._running):
+            if task.get_name() == f"profile {learned.engine.name}" and not task.done():
+                task.cancel()
 
     def wake(self) -> None:
         if self._wake is not None:
@@ -102,7 +116,7 @@ class Supervisor:
         while time.monotonic() < deadline:
             if not any(e.engine.health is Health.HEALTHY and e.prefill is None
                        and e.failures == 0 and e.engine.config.role != "decode"
-                       for e in self.learned):
+                       for e in self.learned.values()):
                 return
             await asyncio.sleep(0.02)
 
@@ -138,7 +152,7 @@ class Supervisor:
         """Seconds to sleep: a tick, or less when a due re-profile becomes allowed sooner."""
         now = time.monotonic()
         wait = TICK_S
-        for learned in self.learned:
+        for learned in self.learned.values():
             if learned.due is not None and not learned.profiling:
                 allowed = max(learned.retry_at, learned.profiled_mono + REPROFILE_MIN_INTERVAL_S)
                 wait = min(wait, max(0.01, allowed - now))
@@ -147,7 +161,7 @@ class Supervisor:
     def _kick(self) -> None:
         now = time.monotonic()
         loop = asyncio.get_running_loop()
-        for learned in self.learned:
+        for learned in self.learned.values():
             if self._wants(learned, now):
                 learned.profiling = True
                 task = loop.create_task(self._profile(learned),
@@ -196,7 +210,7 @@ class Supervisor:
         learned.error = error
         low, high = BACKOFF_S
         learned.retry_at = time.monotonic() + min(high, low * 2 ** (learned.failures - 1))
-        self.outcomes[learned.engine.index][1] += 1
+        learned.outcomes[1] += 1
         log.warning("profiling engine %s failed (%s); retrying in %.0f s", learned.engine.name,
                     error, learned.retry_at - time.monotonic())
 
@@ -213,7 +227,7 @@ class Supervisor:
         learned.failures = 0
         learned.error = None
         learned.due = None
-        self.outcomes[learned.engine.index][0] += 1
+        learned.outcomes[0] += 1
         self.dirty = True
         tpot = learned.tpot.base_s
         log.info("engine %s profiled (%s): prefill %.0f tokens/s + %.1f ms, tpot %s",
@@ -224,7 +238,7 @@ class Supervisor:
     # -- the state file ---------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
         engines: dict[str, Any] = {}
-        for learned in self.learned:
+        for learned in self.learned.values():
             if learned.prefill is None:
                 continue
             engines[learned.engine.name] = {
@@ -282,7 +296,7 @@ class Supervisor:
             return
         engines = data.get("engines")
         if isinstance(engines, dict):
-            for learned in self.learned:
+            for learned in self.learned.values():
                 if self._take(learned, engines.get(learned.engine.name)):
                     learned.profile_reason = "restored"
         self.output.load(data.get("output_length"))

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from narwhal.config import Config
+    from narwhal.config import Config, EngineConfig
 
 log = logging.getLogger("narwhal.models")
 
@@ -74,36 +74,58 @@ class Catalog:
     """
 
     def __init__(self, config: Config) -> None:
-        engines = config.engines
         self.models: list[Served] = []
         self.names: dict[str, Served] = {}
         self.aliases: dict[str, Served] = {}
         for i, model in enumerate(config.served_models):
-            where = frozenset(k for k, e in enumerate(engines)
-                              if e.models is None or model.name in e.models)
-            served = Served(model.name, i, budget_s=model.ttft_budget_s,
-                            engines=None if len(where) == len(engines) else where)
+            served = Served(model.name, i, budget_s=model.ttft_budget_s)
             self.models.append(served)
             self.names[model.name] = served
             for alias in model.aliases:
                 self.names[alias] = self.aliases[alias] = served
         self.labelled = bool(config.models)
-        self.single = len(self.models) == 1 and self.models[0].engines is None
-        for served in self.models:
-            served.rename = not self.single
-        self.bases: list[tuple[Served, ...]] = [
-            tuple(m for m in self.models if m.on(k)) for k in range(len(engines))]
-        self.adapters: list[dict[str, Served]] = [{} for _ in engines]  # per engine
+        self.single = True
+        self.bases: dict[int, tuple[Served, ...]] = {}  # per engine slot
+        self.adapters: dict[int, dict[str, Served]] = {}  # per engine slot
         self._retired: dict[str, Served] = {}
         self._ignored: set[tuple[int, str]] = set()
         self.version = 0
+        self.set_engines(dict(enumerate(config.engines)))
+
+    def set_engines(self, engines: Mapping[int, EngineConfig]) -> None:
+        """The fleet is ``engines`` (by board slot): each model's engines follow their
+        ``models`` keys; a slot no longer in the fleet loses its adapters."""
+        for slot in self.adapters.keys() - engines.keys():
+            for served in self.adapters.pop(slot).values():
+                self._leave(slot, served)
+        for model in self.models:
+            where = frozenset(k for k, e in engines.items()
+                              if e.models is None or model.name in e.models)
+            model.engines = None if len(where) == len(engines) else where
+        self.single = len(self.models) == 1 and self.models[0].engines is None
+        for served in self.models:
+            served.rename = not self.single
+        self.bases = {k: tuple(m for m in self.models if m.on(k)) for k in engines}
+        for slot in engines:
+            self.adapters.setdefault(slot, {})
+        self.version += 1
+
+    def set_budgets(self, config: Config) -> None:
+        """New TTFT budgets of the configured models (same names), live; adapters follow
+        their base model's."""
+        budgets = {m.name: m.ttft_budget_s for m in config.served_models}
+        for model in self.models:
+            model.budget_s = budgets.get(model.name, model.budget_s)
+        for served in self.names.values():
+            if served.adapter:
+                served.budget_s = served.base.budget_s
 
     def resolve(self, name: str) -> Served | None:
         return self.names.get(name)
 
     def first_model(self, engine: int) -> str:
         """The base model the router's own requests to this engine name (profiling)."""
-        bases = self.bases[engine]
+        bases = self.bases.get(engine)
         return bases[0].name if bases else self.models[0].name
 
     # -- adapters, from the engines' /v1/models ---------------------------------------------
@@ -127,8 +149,8 @@ class Catalog:
                 self._ignore(engine, name, why or "")
                 continue
             found[name] = (base.base, root)
-        held = self.adapters[engine]
-        if found.keys() == held.keys():
+        held = self.adapters.get(engine)
+        if held is None or found.keys() == held.keys():  # None: the engine left the fleet
             return False
         for name in held.keys() - found.keys():
             self._leave(engine, held.pop(name))
@@ -171,16 +193,16 @@ class Catalog:
     def names_on(self, engine: int) -> list[str]:
         """Every name a client may send that this engine can serve now."""
         out: list[str] = []
-        for model in self.bases[engine]:
+        for model in self.bases.get(engine, ()):
             out.append(model.name)
             out.extend(a for a, m in self.aliases.items() if m is model)
-        out.extend(sorted(self.adapters[engine]))
+        out.extend(sorted(self.adapters.get(engine, ())))
         return out
 
     def served_on(self, engine: int) -> list[Served]:
         """The models and adapters this engine can serve now (no aliases)."""
-        return [*self.bases[engine], *(self.adapters[engine][n]
-                                       for n in sorted(self.adapters[engine]))]
+        held = self.adapters.get(engine, {})
+        return [*self.bases.get(engine, ()), *(held[n] for n in sorted(held))]
 
     def cards(self) -> list[dict[str, Any]]:
         """``GET /v1/models``'s ``data``: models, aliases, then adapters (with ``parent``)."""

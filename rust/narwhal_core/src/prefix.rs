@@ -181,6 +181,17 @@ impl PrefixIndex {
         }
     }
 
+    /// A new engine in slot `engine` (the index grows to hold it): it holds nothing yet.
+    pub fn reset(&mut self, engine: usize, capacity: usize) {
+        if engine >= self.engines.len() {
+            self.engines.resize_with(engine + 1, Held::default);
+        }
+        self.engines[engine] = Held {
+            capacity,
+            ..Held::default()
+        };
+    }
+
     pub fn set_capacity(&mut self, engine: usize, capacity: usize) {
         if let Some(held) = self.engines.get_mut(engine) {
             held.capacity = capacity;
@@ -272,5 +283,21 @@ mod tests {
         assert_eq!(index.matched(0, &a), 3);
         index.set_capacity(0, 2);
         assert_eq!(index.state(0).unwrap().blocks, 2);
+    }
+
+    #[test]
+    fn reset_grows_the_index_and_forgets_the_slot() {
+        let mut index = PrefixIndex::new(&[8], 8);
+        let hashes = index.hashes(b"0123456789abcdef0123456789abcdef");
+        index.insert(0, &hashes);
+        assert_eq!(index.matched(0, &hashes), hashes.len());
+        index.reset(2, 8);
+        assert_eq!(index.engines(), 3);
+        assert_eq!(index.matched(1, &hashes), 0);
+        index.insert(2, &hashes);
+        assert_eq!(index.matched(2, &hashes), hashes.len());
+        index.reset(0, 8);
+        assert_eq!(index.matched(0, &hashes), 0);
+        assert_eq!(index.state(0).map(|s| s.placed_chunks), Some(0));
     }
 }

@@ -69,6 +69,11 @@ impl PyPrefixIndex {
         self.index.forget(engine, &probe.hashes[keep..]);
     }
 
+    /// A new engine in slot `engine` (growing the index to hold it): it holds nothing yet.
+    fn reset(&mut self, engine: usize, capacity: usize) {
+        self.index.reset(engine, capacity);
+    }
+
     fn set_capacity(&mut self, engine: usize, capacity: usize) {
         self.index.set_capacity(engine, capacity);
     }

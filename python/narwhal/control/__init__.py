@@ -1,0 +1,1 @@
+"""Changing the running router: reload, engines added and removed, discovery."""
