@@ -19,6 +19,8 @@ from narwhal.api.auth import ClientAuth
 from narwhal.api.info import InfoRoutes, Lifecycle
 from narwhal.api.metrics import build_registry, token_accounting_family
 from narwhal.api.router import Router
+from narwhal.cluster.admin import ADMIN_DOC, ClusterAdmin
+from narwhal.cluster.sync import ClusterSync
 from narwhal.config import Config, EngineConfig
 from narwhal.control.discovery import Discovery
 from narwhal.control.fleet import ChangeRefused, FleetControl, Parts
@@ -91,10 +93,16 @@ class Narwhal:
         self.model_boards = boards = model_boards(config, board)
         self.engines = engines = build_engines(config, catalog)
         self.learning = learning = Learning(engines, config, shared_path=board.path)
+        # Several routers sharing the fleet through Redis: engine quotas, load, admin state.
+        self.cluster = cluster = None if config.cluster.backend != "redis" else ClusterSync(
+            config.cluster, engines, board, learning,
+            on_grow=lambda: self.queue.capacity_freed())
         self.scheduler = scheduler = Scheduler(
             engines, board, learning, policy=config.scheduling.policy,
             predictive=config.admission.mode == "predictive",
             prefix_chars=config.scheduling.affinity_prefix_chars,
+            limits=None if cluster is None else cluster.limits,
+            peers=None if cluster is None else cluster.peers,
         )
         self.queue = queue = AdmissionQueue(
             scheduler, config.admission.queue_limit, config.admission.max_wait_s
@@ -112,6 +120,10 @@ class Narwhal:
                               queue.kick, self._peer_changed)
             queue.notify_peers = wake.notify
             self.wake = wake
+        if cluster is not None:
+            self.shared_admin = shared = ClusterAdmin(self.shared_admin, state, cluster.publish)
+            cluster.subscribe(ADMIN_DOC, lambda _kind, doc: shared.received(doc))
+            cluster.share_profiles(learning.supervisor)
         self.lifecycle = Lifecycle()
         registry = build_registry(
             board, lambda: self.control.slot_names(), extra=self._metric_families,
@@ -130,7 +142,7 @@ class Narwhal:
         self.discovery = Discovery(config.discovery, control) if leader else None
         info = InfoRoutes(catalog, board, engines, learning, registry, self.lifecycle,
                           state_refusal=state.refusal, eligible=scheduler.eligible,
-                          leaving=control.leaving)
+                          leaving=control.leaving, cluster=cluster)
         keys = config.auth.api_keys
         self.router = Router(
             self.flow, info,
@@ -175,6 +187,8 @@ class Narwhal:
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
+        if self.cluster is not None:  # first: profiles and admin state come from the others
+            await self.cluster.start()
         await self.health.probe_all()
         self.health.start()
         await self.state.start()
@@ -195,6 +209,8 @@ class Narwhal:
         await self.learning.stop()
         await self.state.stop()
         await self.health.stop()
+        if self.cluster is not None:
+            await self.cluster.stop()
         if self.wake is not None:
             self.wake.close()
         await asyncio.gather(*(e.client.close() for e in self.engines))
@@ -219,3 +235,5 @@ class Narwhal:
         yield token_accounting_family(self.engines)
         yield from outlier_families(self.engines)
         yield from self.learning.metric_families()
+        if self.cluster is not None:
+            yield from self.cluster.metric_families()

@@ -17,7 +17,9 @@ import uvloop
 
 from narwhal._narwhal_fast import Board
 from narwhal.app import Narwhal, model_board_paths
+from narwhal.cluster import check_backend as check_cluster
 from narwhal.config import MAX_ENGINES, Config
+from narwhal.fleet.ha import MissingExtra
 from narwhal.prefork import Prefork
 from narwhal.server.http import HttpServer, ServerLimits
 
@@ -94,6 +96,11 @@ def serve(config: Config, *, workers: int = 1, extra: str = "",
     """Run the router in the foreground. Prints one line when ready to serve.
     ``config_path``: the file ``config`` was read from (SIGHUP and ``/admin/reload`` re-read
     it). The board has a slot for every engine the fleet may hold (engines come and go)."""
+    try:
+        check_cluster(config.cluster)  # the narwhal[redis] extra, before any worker
+    except MissingExtra as exc:
+        print(f"narwhal: {exc}", file=sys.stderr)
+        return 2
     if workers <= 1:
         board = Board(engines=MAX_ENGINES)
 
@@ -152,7 +159,7 @@ def _serve_workers(config: Config, workers: int, extra: str, config_path: str | 
     holder.close()
     for each in (board, *models):
         each.unlink()
-    for suffix in (".admin.json", ".fleet.json", ".fleet.json.lock"):
+    for suffix in (".admin.json", ".fleet.json", ".fleet.json.lock", ".cluster"):
         with contextlib.suppress(OSError):
             os.unlink(f"{path}{suffix}")
     return status

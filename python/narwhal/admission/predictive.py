@@ -8,11 +8,12 @@ Projected TTFT on an engine = the expected admission wait + this prompt's prefil
 counting only the tokens its prefix cache probably lacks (as placement projects it).
 The expected wait counts the prefill work already placed on the engine (in flight and
 queued on it, from the learned model) and the requests waiting in the router's admission
-queue ahead of this one, spread over the engines as they free up. The projection is the
-best engine's. A prompt that alone (on the fastest idle engine) exceeds the budget gets
-the non-retryable 429 ``prompt_exceeds_ttft_budget``; otherwise a projection over budget
-gets 429 ``ttft_budget_exceeded`` with Retry-After = the overrun, rounded half up, >= 1 s.
-``open`` mode never refuses here.
+queue ahead of this one, spread over the engines as they free up; in a cluster, the other
+instances' placed work and queued requests as they last published them count too. The
+projection is the best engine's. A prompt that alone (on the fastest idle engine) exceeds
+the budget gets the non-retryable 429 ``prompt_exceeds_ttft_budget``; otherwise a
+projection over budget gets 429 ``ttft_budget_exceeded`` with Retry-After = the overrun,
+rounded half up, >= 1 s. ``open`` mode never refuses here.
 """
 
 from __future__ import annotations
@@ -105,14 +106,22 @@ class PredictiveAdmission:
         learning = self.learning
         now = time.monotonic() if now is None else now
         pending = learning.pending_for(demand.served)
-        queued = pending.count
-        mean_queued = pending.tokens / queued if queued > 0 else 0.0
+        queued, tokens = pending.count, pending.tokens
+        peers = self.scheduler.peers
+        if peers is not None:  # the other instances' queued requests and placed work count
+            served = demand.served
+            theirs = peers.pending("" if pending is learning.pending or served is None
+                                   else served.name)
+            queued, tokens = queued + theirs[0], tokens + theirs[1]
+        mean_queued = tokens / queued if queued > 0 else 0.0
         waits = []
         for engine in engines:
             model = learning.prefill_model(engine)
             per_request = model.overhead_s + mean_queued / model.tokens_per_s
-            waits.append((learning.prefill_wait(engine, now),
-                          1.0 / per_request if per_request > 0 else 0.0))
+            wait = learning.prefill_wait(engine, now)
+            if peers is not None:
+                wait += peers.prefill_wait(engine.index, now)
+            waits.append((wait, 1.0 / per_request if per_request > 0 else 0.0))
         level = water_level(waits, queued)
         best: Projection | None = None
         # Only the tokens each engine's prefix cache lacks (the placement's projection).

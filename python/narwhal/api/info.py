@@ -10,6 +10,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from narwhal._narwhal_fast import Board
 from narwhal.api.metrics import CONTENT_TYPE, render
+from narwhal.cluster.sync import ClusterSync
 from narwhal.errors.table import READY_REASONS
 from narwhal.fleet.engine import Engine
 from narwhal.learning import Learning
@@ -44,6 +45,7 @@ class InfoRoutes:
         state_refusal: Callable[[], str | None],
         eligible: Callable[[], Sequence[Engine]],
         leaving: Sequence[Engine] = (),
+        cluster: ClusterSync | None = None,
     ):
         """``engines``: the fleet's live list; ``leaving``: engines removed from it whose
         requests are still finishing (shown as ``removing``)."""
@@ -56,6 +58,7 @@ class InfoRoutes:
         self.state_refusal = state_refusal
         self.eligible = eligible
         self.catalog = catalog
+        self.cluster = cluster  # several routers sharing the fleet: quotas, degraded sharing
         self._models = b""
         self._models_version = -1
 
@@ -84,7 +87,10 @@ class InfoRoutes:
         elif path == "/metrics":
             responder.send(200, render(self.registry), content_type=CONTENT_TYPE)
         elif path == "/engines":
-            responder.send(200, orjson.dumps({"engines": self.describe_engines()}))
+            body: dict[str, Any] = {"engines": self.describe_engines()}
+            if self.cluster is not None:
+                body["cluster"] = self.cluster.describe()
+            responder.send(200, orjson.dumps(body))
         else:
             responder.send(200, self.models())
 
@@ -111,5 +117,7 @@ class InfoRoutes:
                     for served in catalog.served_on(engine.index)}
             prefix = learning.prefix
             described["prefix_index"] = prefix.describe(engine) if prefix is not None else None
+            if self.cluster is not None:
+                described["cluster"] = self.cluster.describe_engine(engine)
             out.append(described)
         return out

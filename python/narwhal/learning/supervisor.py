@@ -21,7 +21,7 @@ from narwhal.learning.learned import EngineLearned
 from narwhal.learning.output_length import OutputLengths
 from narwhal.learning.persistence import read_section, write_section
 from narwhal.learning.profiler import Profile, ProfileError, Profiler
-from narwhal.learning.workers import WorkerLocks
+from narwhal.learning.workers import ProfileLocks, WorkerLocks
 
 log = logging.getLogger("narwhal.learning")
 
@@ -69,7 +69,9 @@ class Supervisor:
         self.learned = learned
         self.output = output
         self.on_profiled = on_profiled
-        self.locks = WorkerLocks(shared_path)
+        self.locks: ProfileLocks = WorkerLocks(shared_path)
+        self._publish: Callable[[Engine, dict[str, Any]], None] | None = None
+        self._adopted: dict[str, float] = {}  # engine -> profiled_at of a shared profile
         self.started_at = time.time()
         self.profiler = Profiler(model)
         self.state_file = state_file
@@ -96,6 +98,33 @@ class Supervisor:
         for task in list(self._running):
             if task.get_name() == f"profile {learned.engine.name}" and not task.done():
                 task.cancel()
+
+    def share(self, locks: ProfileLocks,
+              publish: Callable[[Engine, dict[str, Any]], None]) -> None:
+        """Several routers share the fleet (``cluster/``): take turns through ``locks``
+        (which wrap the workers' own) and hand each profile made here to ``publish``."""
+        self.locks = locks
+        self._publish = publish
+
+    def adopt_shared(self, index: int, entry: dict[str, Any]) -> bool:
+        """Another router's profile of engine ``index`` (an entry of the state file's
+        shape): taken when newer than the one held here. True when taken."""
+        try:
+            learned = self.learned[index]
+        except (IndexError, KeyError):
+            return False
+        at = entry.get("profiled_at")
+        if not isinstance(at, (int, float)) or (learned.profiled_at is not None
+                                                and at <= learned.profiled_at):
+            return False
+        if not self._take(learned, entry):
+            return False
+        self._adopted_now(learned, "shared")
+        self._adopted[learned.engine.name] = float(at)
+        self.dirty = True
+        log.info("engine %s: adopted another router's profile", learned.engine.name)
+        self.on_profiled(learned.engine)
+        return True
 
     def wake(self) -> None:
         if self._wake is not None:
@@ -188,9 +217,12 @@ class Supervisor:
         assert slots is not None
         try:
             async with slots, self.locks.hold(engine.index) as locked:
-                if not (locked and self._adopt(learned, wanted_at, reason)):
+                shared = self._adopted.get(engine.name, -1.0) >= wanted_at - ADOPT_MARGIN_S
+                if not (locked and (shared or self._adopt(learned, wanted_at, reason))):
                     profile = await self.profiler.profile(engine, learned.load, learned.prefill)
                     self._apply(learned, profile, reason)
+                    if self._publish is not None:
+                        self._publish(engine, self._entry(learned))
                 await self._save_soon()  # under the lock: the next worker can adopt it
         except ProfileError as exc:
             self._failed(learned, f"{exc.code}: {exc.message}")
@@ -239,17 +271,22 @@ class Supervisor:
     def snapshot(self) -> dict[str, Any]:
         engines: dict[str, Any] = {}
         for learned in self.learned.values():
-            if learned.prefill is None:
-                continue
-            engines[learned.engine.name] = {
-                "url": learned.engine.config.url,
-                **learned.prefill.as_json(),
-                "tpot_s": learned.tpot.base_s,
-                "tpot_growth_s": learned.tpot.growth_s,
-                "profiled_at": learned.profiled_at,
-            }
+            if learned.prefill is not None:
+                engines[learned.engine.name] = self._entry(learned)
         return {"version": STATE_VERSION, "saved_at": time.time(), "engines": engines,
                 "output_length": self.output.as_json()}
+
+    @staticmethod
+    def _entry(learned: EngineLearned) -> dict[str, Any]:
+        """One engine's learned model as stored (state file, shared profiles)."""
+        assert learned.prefill is not None
+        return {
+            "url": learned.engine.config.url,
+            **learned.prefill.as_json(),
+            "tpot_s": learned.tpot.base_s,
+            "tpot_growth_s": learned.tpot.growth_s,
+            "profiled_at": learned.profiled_at,
+        }
 
     def _adopt(self, learned: EngineLearned, wanted_at: float, reason: str) -> bool:
         """Take a peer worker's profile of the engine from the state file when it is recent
@@ -264,14 +301,18 @@ class Supervisor:
             return False
         if not self._take(learned, stored):
             return False
+        self._adopted_now(learned, reason)
+        log.info("engine %s: adopted a peer worker's profile", learned.engine.name)
+        return True
+
+    @staticmethod
+    def _adopted_now(learned: EngineLearned, reason: str) -> None:
         learned.profiled_mono = time.monotonic()
         learned.profile_reason = reason
         learned.profiles += 1
         learned.failures, learned.error, learned.due = 0, None, None
         learned.drift_ttft.reset()
         learned.drift_tpot.reset()
-        log.info("engine %s: adopted a peer worker's profile", learned.engine.name)
-        return True
 
     def _take(self, learned: EngineLearned, stored: object) -> bool:
         """Load one engine's stored model (same URL only); True when it held one."""

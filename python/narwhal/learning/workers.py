@@ -16,12 +16,23 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
+from typing import Protocol
 
 log = logging.getLogger("narwhal.learning")
 
 LOCK_OFFSET = 1 << 40
 LOCK_WAIT_S = 30.0
 """After this long without the lock, a worker profiles anyway (a stuck peer must not stop it)."""
+
+
+class ProfileLocks(Protocol):
+    """Per-engine profiling turns: the workers' (:class:`WorkerLocks`), or a cluster's
+    wrapping them (``cluster/locks.py``). ``hold`` yields whether the turn is held."""
+
+    def open(self) -> None: ...
+    def close(self) -> None: ...
+    def hold(self, index: int) -> AbstractAsyncContextManager[bool]: ...
 
 
 class WorkerLocks:

@@ -19,6 +19,8 @@ import time
 from collections.abc import Sequence
 
 from narwhal._narwhal_fast import Board
+from narwhal.cluster.peers import PeerLoad
+from narwhal.cluster.quota import EngineLimits
 from narwhal.fleet.engine import Engine
 from narwhal.learning import Learning
 from narwhal.learning.occupancy import Demand
@@ -46,13 +48,20 @@ class Scheduler:
         policy: str = DEFAULT_POLICY,
         predictive: bool = False,
         prefix_chars: int = DEFAULT_PREFIX_CHARS,
+        limits: EngineLimits | None = None,
+        peers: PeerLoad | None = None,
     ):
+        """``limits``: with a cluster, this instance's quota of each engine limit (None: the
+        configured limits); ``peers``: the other instances' published load, counted with
+        this instance's own in the projections."""
         self.engines = engines
         self.board = board
         self.learning = learning if learning is not None else Learning(engines)
         self.policy: Policy = make_policy(policy)
         self.predictive = predictive
         self.prefix_chars = prefix_chars
+        self.limits = limits
+        self.peers = peers
         self._turn = 0
 
     # -- what admission asks -----------------------------------------------------------------
@@ -80,6 +89,12 @@ class Scheduler:
                   inflight: tuple[int, int] | None = None) -> Candidate:
         learning = self.learning
         prefill, decode = self.board.inflight(engine.index) if inflight is None else inflight
+        peers = self.peers
+        wait = learning.prefill_wait(engine, now)
+        if peers is not None:  # the other instances' load on the engine, as last published
+            wait += peers.prefill_wait(engine.index, now)
+            theirs = peers.inflight(engine.index)
+            prefill, decode = prefill + theirs[0], decode + theirs[1]
         tokens = demand.prompt_tokens
         cached = 0
         interference = 0.0
@@ -90,8 +105,7 @@ class Scheduler:
             # borne by it and imposed on them.
             growth = learning.learned[engine.index].tpot.growth_s
             interference = 2.0 * growth * max(1.0, demand.expected_output) * decode
-        ttft = (learning.prefill_wait(engine, now)
-                + learning.prefill_model(engine).seconds(tokens - cached))
+        ttft = wait + learning.prefill_model(engine).seconds(tokens - cached)
         return Candidate(engine, ttft, learning.decode_load(engine, now) / engine.config.weight,
                          prefill, decode, cached, ttft + interference)
 
@@ -114,10 +128,13 @@ class Scheduler:
         self._turn = (self._turn + 1) % len(engines)
         now = time.monotonic()
         candidates = []
+        limits = self.limits
         for engine in engines[self._turn:] + engines[: self._turn]:
             inflight = board.inflight(engine.index)
             # A mixed engine needs a decode slot to come: both phases under max_decode.
-            if engine.config.role == "prefill" or sum(inflight) < engine.config.max_decode:
+            total = (engine.config.max_decode if limits is None
+                     else limits.decode(engine.index))
+            if engine.config.role == "prefill" or sum(inflight) < total:
                 candidates.append(self.candidate(engine, demand, now, inflight))
         if not candidates:
             return None
@@ -187,17 +204,25 @@ class Scheduler:
         return split.prefill_inflight / weight_s < mixed.prefill_inflight / weight_m
 
     def _take_prefill(self, ordered: list[Candidate], demand: Demand) -> Placement | None:
-        board = self.board
+        board, limits = self.board, self.limits
         for choice in ordered:
             engine = choice.engine
             cfg = engine.config
-            total = cfg.max_decode if cfg.role == "mixed" else None
-            slot = board.acquire_slot(engine.index, "prefill", cfg.max_prefill, total)
+            if limits is None:
+                limit, total = cfg.max_prefill, cfg.max_decode
+            else:
+                limit, total = limits.prefill(engine.index), limits.decode(engine.index)
+            slot = board.acquire_slot(engine.index, "prefill", limit,
+                                      total if cfg.role == "mixed" else None)
             if slot is not None:
                 track = self.learning.place(engine, demand, slot)
                 self.policy.placed(engine, demand)
                 return Placement(board, engine, slot, track)
         return None
+
+    def _decode_limit(self, engine: Engine) -> int:
+        limits = self.limits
+        return engine.config.max_decode if limits is None else limits.decode(engine.index)
 
     def _decoders(self, served: Served | None) -> list[Engine]:
         """Decode engines with a decode slot to come, least expected decode work first."""
@@ -208,14 +233,14 @@ class Scheduler:
             if (e.config.role == "decode" and e.serves()
                     and (served is None or served.on(e.index))):
                 decoding = board.inflight(e.index)[1]
-                if decoding < e.config.max_decode:
+                if decoding < self._decode_limit(e):
                     found.append((learning.decode_load(e, now) / e.config.weight,
                                   decoding / e.config.weight, e.index, e))
         return [e for *_, e in sorted(found)]
 
     def _take_split(self, ordered: list[Candidate], demand: Demand) -> Placement | None:
         for decoder in self._decoders(demand.served):
-            slot = self.board.acquire_slot(decoder.index, "decode", decoder.config.max_decode)
+            slot = self.board.acquire_slot(decoder.index, "decode", self._decode_limit(decoder))
             if slot is None:
                 continue
             placement = self._take_prefill(ordered, demand)
