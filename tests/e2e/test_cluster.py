@@ -197,7 +197,7 @@ def test_redis_lost_and_back_under_load(routers: list[Proc], sims: list[Proc],
         wait_for(lambda: len(statuses) >= 20)
         redis.stop()
         for router in routers:
-            wait_for(lambda r=router: cluster_of(r)["degraded"], timeout=5)
+            wait_for(lambda r=router: cluster_of(r)["degraded"], timeout=5)  # type: ignore[misc]
             m = metrics(router.url)
             assert m["narwhal_cluster_degraded"] == 1
             quota = m['narwhal_engine_quota{engine="e0",phase="decode"}']
