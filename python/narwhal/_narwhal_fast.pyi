@@ -9,6 +9,7 @@ __all__ = [
     "PrefixIndex",
     "PrefixProbe",
     "Slot",
+    "SpanEncoder",
     "StreamError",
     "StreamSession",
     "Ticket",
@@ -169,6 +170,19 @@ class StreamSession:
         malformed_engine_output, unsupported_engine_field) when the stream reported an
         error, failed, ended before [DONE], or a tool call lacks an id or name; ValueError
         when not assembling."""
+    def enable_resume(self) -> None:
+        """Keep what resuming the answer on another engine needs (prompt and generated IDs,
+        the first event's id/created/model/index), and stop (state failed, code
+        engine_error, nothing written; engine_error holds the event) at an engine error
+        event while the answer can resume. Call before the first feed."""
+    def resume_point(self) -> tuple[bytes, int] | None:
+        """(the continuation's token-ID prompt as a JSON list: prompt IDs then generated
+        IDs; the number generated), or None when the answer cannot resume (not enabled,
+        finished, or its output so far is more than plain generated text on one choice)."""
+    def resume(self) -> bool:
+        """Read the continuation engine's completion stream from its first byte on: its
+        events come out in this stream's shape (same id, created, model, choice index; its
+        usage counts the prompt once and sums completion tokens). False when it cannot."""
     @property
     def failure(self) -> tuple[str, str] | None:
         """(code, message) once failed."""
@@ -233,3 +247,15 @@ class PrefixIndex:
         """Resize one engine's index, evicting the least recently placed."""
     def state(self, engine: int) -> tuple[int, int, int, int] | None:
         """``(blocks held, capacity, chunks placed, of them matched)``; None out of range."""
+
+@final
+class SpanEncoder:
+    """Finished requests' spans to OTLP protobuf (``opentelemetry.proto.trace.v1``), for one
+    resource and instrumentation scope; the internal spans' IDs come from ``seed``."""
+    def __new__(cls, resource: list[tuple[str, object]], scope: str, version: str, *,
+                seed: int) -> SpanEncoder: ...
+    def encode(self, observation: Any) -> bytes:
+        """A finished ``narwhal.observe.observation.Observation``'s spans (read from its
+        attributes by name): ``ScopeSpans.spans`` fields, server span last."""
+    def request(self, spans: list[bytes]) -> bytes:
+        """The ``ExportTraceServiceRequest`` around ``spans`` (``encode`` outputs)."""

@@ -11,6 +11,10 @@ use crate::expose::{
 use crate::sse::SseFramer;
 use crate::token_ids;
 
+#[path = "resume.rs"]
+mod resume;
+use resume::Resume;
+
 /// Which OpenAI route the stream answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Route {
@@ -108,6 +112,8 @@ struct Core {
     /// `model` of every event and of the assembled body.
     model: Option<Box<[u8]>>,
     assembler: Option<Assembler>,
+    /// With `enable_resume`: what a continuation on another engine needs.
+    resume: Option<Box<Resume>>,
 }
 
 impl StreamSession {
@@ -145,6 +151,7 @@ impl StreamSession {
                 held: Vec::new(),
                 model: None,
                 assembler,
+                resume: None,
             },
         }
     }
@@ -160,6 +167,45 @@ impl StreamSession {
             asm.set_model(json.to_vec());
         }
         self.core.model = Some(json);
+    }
+
+    /// Keep what resuming the answer on another engine needs (the prompt's and the generated
+    /// IDs, the first event's identity), and stop at an engine error event while the answer
+    /// can still be resumed (it is then not written; `engine_error` holds it). Call before
+    /// the first feed, on a session whose engine returns token IDs.
+    pub fn enable_resume(&mut self) {
+        self.core.resume = Some(Box::new(Resume::new()));
+    }
+
+    /// Where the answer can be resumed: the continuation's token-ID prompt (a JSON list: the
+    /// prompt's IDs, then the generated ones) and the number of generated IDs. None when it
+    /// cannot: not enabled, finished, or the output so far is more than plain generated text.
+    pub fn resume_point(&self) -> Option<(Vec<u8>, u64)> {
+        let c = &self.core;
+        let r = c.resume.as_ref()?;
+        if c.state == State::Done || !r.ready() {
+            return None;
+        }
+        Some((r.prompt_json()?, c.ids_total))
+    }
+
+    /// Start reading the continuation engine's completion stream (from its first byte): its
+    /// events come out in this stream's shape and count with the answer so far. False (and
+    /// nothing changes) when the answer cannot be resumed.
+    pub fn resume(&mut self) -> bool {
+        if self.resume_point().is_none() {
+            return false;
+        }
+        let c = &mut self.core;
+        self.framer = SseFramer::new();
+        c.state = State::Open;
+        c.failure = None;
+        c.engine_error = None;
+        c.engine_error_message = None;
+        if let Some(r) = &mut c.resume {
+            r.begin(c.ids_total);
+        }
+        true
     }
 
     /// One network read: returns (bytes for the client, the read's validated token IDs —
@@ -283,7 +329,12 @@ impl Core {
             }
             return false;
         }
-        match self.process(payload, lines) {
+        let done = if self.resume.as_ref().is_some_and(|r| r.continuing) {
+            self.process_continued(payload, lines)
+        } else {
+            self.process(payload, lines)
+        };
+        match done {
             Ok(()) => true,
             Err(e) => {
                 self.fail(e);
@@ -292,12 +343,36 @@ impl Core {
         }
     }
 
+    /// A continuation engine's event, rewritten into this stream's shape first.
+    fn process_continued(&mut self, payload: &[u8], lines: u32) -> Result<(), StreamError> {
+        let ev = parse_event(payload)?;
+        if ev.is_error() {
+            return self.process(payload, lines);
+        }
+        let chat = self.opts.route == Route::Chat;
+        let Some(r) = self.resume.as_mut() else {
+            return self.process(payload, lines);
+        };
+        let mut scratch = std::mem::take(&mut r.scratch);
+        let done = r
+            .rewrite(&ev, chat, &mut scratch)
+            .and_then(|()| self.process(&scratch, 1));
+        if let Some(r) = self.resume.as_mut() {
+            r.scratch = scratch;
+        }
+        done
+    }
+
     fn process(&mut self, payload: &[u8], lines: u32) -> Result<(), StreamError> {
         let ev = parse_event(payload)?;
         if ev.is_error() {
             if self.engine_error.is_none() {
                 self.engine_error = Some(payload.to_vec());
                 self.engine_error_message = Some(error_message(&ev));
+            }
+            if self.resume.as_ref().is_some_and(|r| r.ready()) {
+                // Held back: the answer may go on on another engine.
+                return Err(StreamError::Engine(error_message(&ev)));
             }
             if !self.opts.assemble {
                 self.release_held();
@@ -308,6 +383,9 @@ impl Core {
         }
         let (ids, carrying, prompt) = self.check_ids(&ev)?;
         let usage = ev.usage.map(parse_usage).transpose()?;
+        if let Some(r) = &mut self.resume {
+            r.observe(&ev);
+        }
         match &mut self.assembler {
             Some(asm) => {
                 let prepared = asm.prepare(&ev)?;
@@ -324,7 +402,11 @@ impl Core {
     fn check_ids(&mut self, ev: &Event<'_>) -> Result<(u64, bool, Option<u64>), StreamError> {
         let mut prompt = None;
         if let Some(r) = ev.prompt_token_ids {
-            prompt = Some(token_ids::validate(r, "prompt_token_ids")?.count);
+            let list = token_ids::validate(r, "prompt_token_ids")?;
+            prompt = Some(list.count);
+            if let Some(res) = &mut self.resume {
+                res.note_prompt(list);
+            }
         }
         let mut ids = 0;
         let mut carrying = false;
@@ -336,7 +418,13 @@ impl Core {
             let out = !echo && c.carries_output();
             carrying |= out;
             match c.token_ids {
-                Some(r) => ids += token_ids::validate(r, "token_ids")?.count,
+                Some(r) => {
+                    let list = token_ids::validate(r, "token_ids")?;
+                    ids += list.count;
+                    if let Some(res) = &mut self.resume {
+                        res.note_ids(list);
+                    }
+                }
                 None if out && self.opts.require_token_ids => {
                     return Err(StreamError::malformed(
                         "an event carrying generated output has no token_ids (missing or null)",
@@ -345,8 +433,11 @@ impl Core {
                 None => {}
             }
             if let Some(r) = c.prompt_token_ids {
-                let count = token_ids::validate(r, "prompt_token_ids")?.count;
-                prompt.get_or_insert(count);
+                let list = token_ids::validate(r, "prompt_token_ids")?;
+                prompt.get_or_insert(list.count);
+                if let Some(res) = &mut self.resume {
+                    res.note_prompt(list);
+                }
             }
         }
         self.echo_open &= !carrying;

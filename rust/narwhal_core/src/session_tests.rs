@@ -353,3 +353,108 @@ fn the_engines_prompt_count_comes_from_its_ids_then_its_usage() {
     s.feed(format!("data: {usage}\n\n").as_bytes());
     assert_eq!(s.engine_cached_tokens(), Some(32));
 }
+
+const HEAD_ROLE: &str = r#"{"id":"chatcmpl-a","object":"chat.completion.chunk","created":7,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"prompt_token_ids":[1,2]}"#;
+const HEAD_TEXT: &str = r#"{"id":"chatcmpl-a","object":"chat.completion.chunk","created":7,"model":"m","choices":[{"index":0,"delta":{"content":"hi"},"logprobs":null,"finish_reason":null,"token_ids":[7,8]}]}"#;
+const CONT_FIRST: &str = r#"{"id":"cmpl-b","object":"text_completion","created":9,"model":"m","choices":[{"index":0,"text":" there","logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":[1,2,7,8],"token_ids":[9]}]}"#;
+const CONT_LAST: &str = r#"{"id":"cmpl-b","object":"text_completion","created":9,"model":"m","choices":[{"index":0,"text":"","logprobs":null,"finish_reason":"stop","stop_reason":null,"token_ids":[2]}],"system_fingerprint":"fp"}"#;
+const CONT_USAGE: &str = r#"{"id":"cmpl-b","object":"text_completion","created":9,"model":"m","choices":[],"usage":{"prompt_tokens":4,"total_tokens":6,"completion_tokens":2}}"#;
+
+fn resumable(assemble: bool, expose: bool) -> StreamSession {
+    let mut s = StreamSession::new(Options {
+        route: Route::Chat,
+        assemble,
+        expose_token_ids: expose,
+        drop_usage: false,
+        require_token_ids: true,
+        prompt_tokens: 0,
+        strip_reasoning: false,
+        echo: false,
+    });
+    s.enable_resume();
+    s
+}
+
+#[test]
+fn resume_continues_a_chat_stream_in_its_own_shape() {
+    let mut s = resumable(false, true);
+    s.feed(&sse(&[HEAD_ROLE, HEAD_TEXT]));
+    // a partial event when the connection broke: not counted, not resumed from
+    s.feed(b"data: {\"choices\":[{\"ind");
+    assert_eq!(s.resume_point(), Some((b"[1,2,7,8]".to_vec(), 2)));
+    assert!(s.resume());
+    let body = [
+        sse(&[CONT_FIRST, CONT_LAST, CONT_USAGE]),
+        b"data: [DONE]\n\n".to_vec(),
+    ]
+    .concat();
+    let (out, n, state) = s.feed(&body);
+    let text = String::from_utf8(out.to_vec()).unwrap();
+    assert_eq!(state, State::Done);
+    assert_eq!(n, 2);
+    let want = concat!(
+        "data: {\"id\":\"chatcmpl-a\",\"object\":\"chat.completion.chunk\",\"created\":7,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" there\"},\"logprobs\":null,\"finish_reason\":null,\"token_ids\":[9]}]}\n\n",
+        "data: {\"id\":\"chatcmpl-a\",\"object\":\"chat.completion.chunk\",\"created\":7,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"\"},\"logprobs\":null,\"finish_reason\":\"stop\",\"stop_reason\":null,\"token_ids\":[2]}],\"system_fingerprint\":\"fp\"}\n\n",
+        "data: {\"id\":\"chatcmpl-a\",\"object\":\"chat.completion.chunk\",\"created\":7,\"model\":\"m\",\"choices\":[],\"usage\":{\"prompt_tokens\":2,\"total_tokens\":6,\"completion_tokens\":4}}\n\n",
+        "data: [DONE]\n\n",
+    );
+    assert_eq!(text, want);
+    assert_eq!(s.output_tokens(), 4);
+    assert_eq!(s.resume_point(), None); // finished
+}
+
+#[test]
+fn resume_assembles_the_whole_answer() {
+    let mut s = resumable(true, true);
+    s.feed(&sse(&[HEAD_ROLE, HEAD_TEXT]));
+    assert!(s.resume());
+    s.feed(
+        &[
+            sse(&[CONT_FIRST, CONT_LAST, CONT_USAGE]),
+            b"data: [DONE]\n\n".to_vec(),
+        ]
+        .concat(),
+    );
+    let body: serde_json::Value = serde_json::from_slice(&s.finish().unwrap()).unwrap();
+    assert_eq!(body["id"], "chatcmpl-a");
+    assert_eq!(body["choices"][0]["message"]["content"], "hi there");
+    assert_eq!(
+        body["choices"][0]["token_ids"],
+        serde_json::json!([7, 8, 9, 2])
+    );
+    assert_eq!(body["usage"]["prompt_tokens"], 2);
+    assert_eq!(body["usage"]["completion_tokens"], 4);
+}
+
+#[test]
+fn an_error_event_is_held_back_while_the_answer_can_resume() {
+    let mut s = resumable(false, false);
+    s.feed(&sse(&[HEAD_ROLE, HEAD_TEXT]));
+    let (out, _, state) = s.feed(&sse(&[r#"{"error":{"message":"boom","code":500}}"#]));
+    assert!(out.is_empty());
+    assert_eq!(state, State::Failed);
+    assert_eq!(s.failure().map(StreamError::code), Some("engine_error"));
+    assert!(s.engine_error().is_some());
+    assert!(s.resume());
+    assert!(s.engine_error().is_none());
+}
+
+#[test]
+fn structure_or_a_finish_makes_the_answer_unresumable() {
+    let tool = r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{"}}]},"token_ids":[5]}]}"#;
+    let reasoning = r#"{"choices":[{"index":0,"delta":{"reasoning":"hm"},"token_ids":[5]}]}"#;
+    let finish = r#"{"choices":[{"index":0,"delta":{"content":""},"finish_reason":"length","token_ids":[5]}]}"#;
+    for ev in [tool, reasoning, finish] {
+        let mut s = resumable(false, false);
+        s.feed(&sse(&[HEAD_ROLE, HEAD_TEXT, ev]));
+        assert_eq!(s.resume_point(), None, "{ev}");
+        assert!(!s.resume());
+        // an error event now goes out as it did before
+        let (out, _, state) = s.feed(&sse(&[r#"{"error":{"message":"boom"}}"#]));
+        assert!(!out.is_empty() && state == State::Open);
+    }
+    // without enable_resume nothing is kept
+    let mut s = session(false, false, true);
+    s.feed(&sse(&[HEAD_ROLE, HEAD_TEXT]));
+    assert_eq!(s.resume_point(), None);
+}

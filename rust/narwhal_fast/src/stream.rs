@@ -80,6 +80,23 @@ impl PyStreamSession {
         }
     }
 
+    /// Keep what resuming the answer on another engine needs; call before the first feed.
+    fn enable_resume(&mut self) {
+        self.inner.enable_resume();
+    }
+
+    /// (the continuation's token-ID prompt as a JSON list, generated IDs) or None.
+    fn resume_point<'py>(&self, py: Python<'py>) -> Option<(Bound<'py, PyBytes>, u64)> {
+        self.inner
+            .resume_point()
+            .map(|(prompt, n)| (PyBytes::new(py, &prompt), n))
+    }
+
+    /// Start reading the continuation engine's stream; False when the answer cannot resume.
+    fn resume(&mut self) -> bool {
+        self.inner.resume()
+    }
+
     #[getter]
     fn failure(&self) -> Option<(&'static str, String)> {
         self.inner.failure().map(|e| (e.code(), e.to_string()))
