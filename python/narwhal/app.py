@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from prometheus_client.metrics_core import Metric
 
@@ -83,9 +83,11 @@ class Narwhal:
 
     def __init__(self, config: Config, board: Board, *, sizing: Sizing | None = None,
                  worker_wake: tuple[int, list[int]] | None = None,
-                 config_path: str | None = None, leader: bool = True) -> None:
-        """``config_path``: the file ``config`` came from (reload re-reads it); ``leader``:
-        this process runs the fleet's discovery (one worker of several does)."""
+                 config_path: str | None = None, leader: bool = True,
+                 overrides: Callable[[Config], Config] | None = None) -> None:
+        """``config_path``: the file ``config`` came from (reload re-reads it, and applies
+        ``overrides``: the command line's); ``leader``: this process runs the fleet's
+        discovery (one worker of several does)."""
         self.config = config
         self.leader = leader
         self.board = board
@@ -138,7 +140,8 @@ class Narwhal:
             scheduler=scheduler, queue=queue, learning=learning, observer=self.observer,
             state_refusal=state.refusal, names=catalog.names, model_boards=boards,
         )
-        self.control = control = self._fleet_control(config, config_path, predictive)
+        self.control = control = self._fleet_control(config, config_path, predictive,
+                                                     overrides)
         self.discovery = Discovery(config.discovery, control) if leader else None
         info = InfoRoutes(catalog, board, engines, learning, registry, self.lifecycle,
                           state_refusal=state.refusal, eligible=scheduler.eligible,
@@ -151,7 +154,8 @@ class Narwhal:
         )
 
     def _fleet_control(self, config: Config, config_path: str | None,
-                       predictive: PredictiveAdmission) -> FleetControl:
+                       predictive: PredictiveAdmission,
+                       overrides: Callable[[Config], Config] | None) -> FleetControl:
         first = FleetControl.first_document(config)
         board = self.board
         store: MemoryStore | FileStore
@@ -165,7 +169,8 @@ class Narwhal:
                       make_engine=self._make_engine)
         wake = self.wake
         control = FleetControl(config, self.engines, parts, store, config_path=config_path,
-                               notify_peers=None if wake is None else wake.notify_admin)
+                               notify_peers=None if wake is None else wake.notify_admin,
+                               overrides=overrides)
         control.apply(store.read())
         return control
 

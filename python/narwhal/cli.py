@@ -66,7 +66,7 @@ DEMO_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from narwhal.config import ConfigError, Listen, demo_config, load_config
+    from narwhal.config import Config, ConfigError, Listen, demo_config, load_config
     from narwhal.fleet.ha import MissingExtra, check_backend
     from narwhal.observe import TracingUnavailable, check_tracing
     from narwhal.observe.logs import setup_logging
@@ -98,15 +98,21 @@ def _serve(args: argparse.Namespace) -> int:
         setup_logging(args.log_level, config.logging.format)
     for name in config.missing_secrets():
         print(f"narwhal: warning: {name}", file=sys.stderr)
-    if args.host is not None or args.port is not None:
+    def overrides(loaded: Config) -> Config:
+        """The command line's --host and --port over a configuration (the file's, and the
+        file's again at every reload)."""
+        if args.host is None and args.port is None:
+            return loaded
         listen = Listen(
-            host=args.host if args.host is not None else config.listen.host,
-            port=args.port if args.port is not None else config.listen.port,
+            host=args.host if args.host is not None else loaded.listen.host,
+            port=args.port if args.port is not None else loaded.listen.port,
         )
-        config = dataclasses.replace(config, listen=listen)
+        return dataclasses.replace(loaded, listen=listen)
+
+    config = overrides(config)
     try:
         return serve(config, workers=args.workers, extra=extra,
-                     config_path=None if args.demo else args.config)
+                     config_path=None if args.demo else args.config, overrides=overrides)
     finally:
         stop_processes(procs)
 

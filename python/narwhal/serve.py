@@ -51,12 +51,13 @@ async def run_worker(
     wake_fds: tuple[int, list[int]] | None = None,
     config_path: str | None = None,
     leader: bool = True,
+    overrides: Callable[[Config], Config] | None = None,
 ) -> None:
     """Serve until SIGTERM/SIGINT, then drain in-flight requests within the grace period;
     SIGHUP reloads the configuration file."""
     loop = asyncio.get_running_loop()
     narwhal = Narwhal(config, board, worker_wake=wake_fds, config_path=config_path,
-                      leader=leader)
+                      leader=leader, overrides=overrides)
     server = HttpServer(
         narwhal.router,
         limits_of(config),
@@ -92,10 +93,12 @@ def _ready_line(config: Config, port: int, workers: int, extra: str = "") -> str
 
 
 def serve(config: Config, *, workers: int = 1, extra: str = "",
-          config_path: str | None = None) -> int:
+          config_path: str | None = None,
+          overrides: Callable[[Config], Config] | None = None) -> int:
     """Run the router in the foreground. Prints one line when ready to serve.
     ``config_path``: the file ``config`` was read from (SIGHUP and ``/admin/reload`` re-read
-    it). The board has a slot for every engine the fleet may hold (engines come and go)."""
+    it; ``overrides``, the command line's, apply to what it reads). The board has a slot for
+    every engine the fleet may hold (engines come and go)."""
     try:
         check_cluster(config.cluster)  # the narwhal[redis] extra, before any worker
     except MissingExtra as exc:
@@ -109,13 +112,14 @@ def serve(config: Config, *, workers: int = 1, extra: str = "",
 
         uvloop.run(
             run_worker(config, board, port=config.listen.port, reuse_port=False, on_ready=ready,
-                       config_path=config_path)
+                       config_path=config_path, overrides=overrides)
         )
         return 0
-    return _serve_workers(config, workers, extra, config_path)
+    return _serve_workers(config, workers, extra, config_path, overrides)
 
 
-def _serve_workers(config: Config, workers: int, extra: str, config_path: str | None) -> int:
+def _serve_workers(config: Config, workers: int, extra: str, config_path: str | None,
+                   overrides: Callable[[Config], Config] | None) -> int:
     """Pre-fork N workers that bind one port with SO_REUSEPORT and share one board in /dev/shm."""
     path = f"/dev/shm/narwhal-{os.getpid()}.board"
     board = Board(engines=MAX_ENGINES, path=path, create=True)
@@ -141,6 +145,7 @@ def _serve_workers(config: Config, workers: int, extra: str, config_path: str | 
                 wake_fds=wake_fds,
                 config_path=config_path,
                 leader=n == 0,
+                overrides=overrides,
             )
         )
 

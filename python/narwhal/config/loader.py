@@ -359,7 +359,7 @@ def config_data(config: DataclassInstance) -> dict[str, Any]:
                 continue
             if value == default or (isinstance(default, tuple) and value == list(default)):
                 continue
-        if value is None and not rule.optional:
-            continue  # a required key left out for its alternative (model / models)
+        if (value is None and not rule.optional) or (rule.alternative and value == []):
+            continue  # a required key left out for its alternative (model, engines)
         out[f.name] = value
     return out

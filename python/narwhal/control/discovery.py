@@ -35,7 +35,8 @@ def dns_entries(config: DnsDiscovery, addresses: Sequence[str]) -> list[dict[str
     """One engine entry per address, sorted, with the template's keys."""
     template = config_data(config.engine)
     out = []
-    for address in sorted(set(addresses), key=lambda a: ipaddress.ip_address(a)):
+    ordered = sorted({ipaddress.ip_address(a) for a in addresses}, key=lambda a: (a.version, a))
+    for address in map(str, ordered):
         host = f"[{address}]" if ":" in address else address
         out.append({**template, "name": dns_engine_name(address),
                     "url": f"http://{host}:{config.port}"})

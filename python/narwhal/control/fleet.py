@@ -97,13 +97,15 @@ class FleetControl:
 
     def __init__(self, config: Config, engines: list[Engine], parts: Parts, store: Store, *,
                  config_path: str | None = None,
-                 notify_peers: Callable[[], None] | None = None) -> None:
+                 notify_peers: Callable[[], None] | None = None,
+                 overrides: Callable[[Config], Config] | None = None) -> None:
         self.config = config
         self.engines = engines
         self.parts = parts
         self.store = store
         self.config_path = config_path
         self.notify_peers = notify_peers
+        self.overrides = overrides  # the command line's, over every configuration read
         self.generation = -1
         self.leaving: list[Engine] = []
         self.discovered: Sequence[Mapping[str, Any]] = ()
@@ -129,6 +131,8 @@ class FleetControl:
             new = load_config(self.config_path)
         except ConfigError as exc:
             raise ChangeRefused(str(exc)) from None
+        if self.overrides is not None:
+            new = self.overrides(new)
         restart = restart_keys(self.config, new)
         if restart:
             raise ChangeRefused(
