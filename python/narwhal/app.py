@@ -240,5 +240,6 @@ class Narwhal:
         yield token_accounting_family(self.engines)
         yield from outlier_families(self.engines)
         yield from self.learning.metric_families()
+        yield from self.flow.migrations.metric_families()
         if self.cluster is not None:
             yield from self.cluster.metric_families()

@@ -19,6 +19,7 @@ from narwhal.config import Config
 from narwhal.errors import Refusal
 from narwhal.flow.attempt import Outcome
 from narwhal.flow.context import UNLIMITED, RequestContext
+from narwhal.flow.migration import Migrations
 from narwhal.flow.relay import Relay
 from narwhal.learning import Learning
 from narwhal.learning.occupancy import Demand
@@ -74,6 +75,7 @@ class CompletionFlow:
         self.learning = learning
         self.state_refusal = state_refusal
         self.observer = observer  # None: no access log, no tracing
+        self.migrations = Migrations()  # this process's migration counts (/metrics)
 
     # -- intake: the request's headers are in (protocol callbacks: no awaits) ---------------
     def on_headers(self, request: Request, route: str) -> None:
@@ -167,7 +169,9 @@ class CompletionFlow:
                            split.engine.name if split is not None else None)
             relay = Relay(ctx, parsed, placement, responder, deadlines,
                           scheduler=self.scheduler, queue=self.queue, learning=self.learning,
-                          board=board, calibration=self.sizing.calibration)
+                          board=board, calibration=self.sizing.calibration,
+                          migrations=self.migrations,
+                          max_migrations=self.serving.max_migrations)
             outcome = await relay.run()
             relay.observe_end()
         except Refusal as ref:

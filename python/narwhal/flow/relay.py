@@ -24,10 +24,17 @@ from narwhal.fleet.engine import Engine
 from narwhal.fleet.outlier import kind_for_code
 from narwhal.flow.attempt import CANCELLED, Ended, Outcome, Retry, dispatch
 from narwhal.flow.context import RequestContext
+from narwhal.flow.migration import Migrations, open_continuation
 from narwhal.flow.prefill import prefill_leg
 from narwhal.learning import Learning
 from narwhal.request.deadlines import Deadlines
-from narwhal.request.engine_body import ROUTE_PATHS, engine_request, prefill_body
+from narwhal.request.engine_body import (
+    ROUTE_PATHS,
+    continuation_body,
+    engine_request,
+    prefill_body,
+    resumable,
+)
 from narwhal.request.parse import Parsed
 from narwhal.scheduling.placement import Placement, Scheduler
 from narwhal.server.http import Responder
@@ -39,6 +46,7 @@ log = logging.getLogger("narwhal.relay")
 _OPEN, _DONE, _FAILED = 0, 1, 2
 _RETRYABLE_STREAM_FAILURES = frozenset({"engine_error", "malformed_engine_output"})
 """Failures of an attempt's first event that another engine may not repeat."""
+_DONE_EVENT = b"data: [DONE]\n\n"
 
 
 class Relay:
@@ -57,6 +65,8 @@ class Relay:
         learning: Learning,
         board: Board,
         calibration: Calibration | None = None,
+        migrations: Migrations | None = None,
+        max_migrations: int = 0,
     ):
         self.ctx = ctx
         self.parsed = parsed
@@ -87,6 +97,18 @@ class Relay:
         self.last_token_at = 0.0
         self.dispatched_at = 0.0
         self._timer: asyncio.TimerHandle | None = None
+        # Migration (docs/reliability.md): a stream broken after its headers goes on on
+        # another engine, from a token-ID continuation of the answer so far.
+        self.migrations = migrations
+        self.max_migrations = max_migrations if migrations is not None else 0
+        self.migrated = 0  # continuations made
+        self.resumable = False  # the current attempt's answer may be resumed
+        self.asks_usage = False  # the first attempt asked usage (so does a continuation)
+        self.migrating: tuple[str, bytes] | None = None  # (reason, body) for run to dispatch
+        self.awaiting_first = True  # the attempt's first token has not come
+        self._stall: asyncio.TimerHandle | None = None  # token_timeout_s watch, coarse
+        self.paused_at: float | None = None  # reading paused by the client's back-pressure
+        self.stall_from = 0.0  # the token timeout also counts from here (resumed reading)
 
     @property
     def engine(self) -> Engine:
@@ -103,13 +125,16 @@ class Relay:
                 if not self._switch_engine():
                     raise self.retry_failure or Refusal(
                         "engine_error", "Engine failed before responding")
-            await self.done
+            while await self._migration_due():
+                await self._continue()
         except Refusal as ref:
             self._refuse(ref)
         finally:
             self._release()
             if self._timer is not None:
                 self._timer.cancel()
+            if self._stall is not None:
+                self._stall.cancel()
         assert self.outcome is not None
         return self.outcome
 
@@ -142,17 +167,39 @@ class Relay:
             return False
         self.upstream = opened
         self.counts_ids = ask.session["require_token_ids"]
-        self.session = StreamSession(
+        self.session = session = StreamSession(
             self.parsed.route,
             assemble=not self.parsed.stream,
             expose_token_ids=self.parsed.return_token_ids,
             prompt_tokens=self.ctx.prompt_tokens,
             **ask.session,
         )
+        self.resumable = (self.max_migrations > 0 and engine.config.migrate
+                          and self.counts_ids and self.placement.split is None
+                          and resumable(self.parsed))
+        if self.resumable:
+            session.enable_resume()
+            parsed = self.parsed
+            self.asks_usage = (not parsed.stream or parsed.include_usage
+                               or ask.session["drop_usage"])
         self._arm_deadline()
-        self.responder.set_flow_listener(opened.pause_reading, opened.resume_reading)
-        opened.set_sink(self._on_data, self._on_end)
+        self._read_from(opened)
         return False
+
+    def _read_from(self, opened: UpstreamResponse) -> None:
+        self.responder.set_flow_listener(self._pause, self._resume)
+        opened.set_sink(self._on_data, self._on_end)
+
+    def _pause(self) -> None:
+        if self.upstream is not None:
+            self.paused_at = self.loop.time()
+            self.upstream.pause_reading()
+
+    def _resume(self) -> None:
+        if self.upstream is not None:
+            self.paused_at = None
+            self.stall_from = self.loop.time()
+            self.upstream.resume_reading()
 
     def _may_retry(self, exc: Retry) -> bool:
         log.warning("attempt failed before headers: %s", exc)
@@ -224,7 +271,7 @@ class Relay:
         if tokens:
             self.placement.track.tokens += tokens
             now = self.loop.time()
-            if self.first_token_at is None:
+            if self.awaiting_first:
                 self._first_token(now)
             self.last_token_at = now
         if out:
@@ -241,12 +288,16 @@ class Relay:
             self._stream_state(state)
 
     def _first_token(self, now: float) -> None:
-        self.first_token_at = now
-        if self.ctx.obs is not None:
-            self.ctx.obs.first_token()
-        self.board.observe("ttft", now - self.ctx.arrival)
+        self.awaiting_first = False
         placement = self.placement
-        self.learning.on_first_token(placement.track, now)
+        if self.first_token_at is None:
+            self.first_token_at = now
+            if self.ctx.obs is not None:
+                self.ctx.obs.first_token()
+            self.board.observe("ttft", now - self.ctx.arrival)
+            self.learning.on_first_token(placement.track, now)
+        self.last_token_at = now
+        self._watch_stall()
         if placement.in_prefill:
             placement.enter_decode()
             self.queue.capacity_freed()
@@ -275,15 +326,141 @@ class Relay:
             self._finish("completed", None)
         elif state == _FAILED:
             code, message = session.failure or ("malformed_engine_output", "bad engine stream")
+            error = session.engine_error
+            if code == "engine_error" and error is not None and self.resumable:
+                # An error event the session held back (the answer could go on).
+                if self._migrate("engine_error_event", "engine_error_event"):
+                    return
+                if self.parsed.stream and self.responder.started:
+                    # Ended as without migration: the engine's event, then the end.
+                    if self.upstream is not None:
+                        self.upstream.abort()
+                    self.failure = "engine_error_event"
+                    self.responder.end(b"data: " + error + b"\n\n" + _DONE_EVENT)
+                    self._finish("failed", "engine_error")
+                    return
             self._fail_stream(code, message, kind_for_code(code))
 
     def _on_end(self, exc: BaseException | None) -> None:
         if self.outcome is not None:
             return
+        if self._migrate("reset" if exc is not None else "closed", "reset"):
+            return
         message = (
             "The engine stream ended early" if exc is None else f"The engine stream failed: {exc}"
         )
         self._fail_stream("engine_error", message, "reset")
+
+    # -- migration -------------------------------------------------------------------------
+    def _migrate(self, reason: str, kind: str) -> bool:
+        """The stream broke (``reason``) after the answer began: when the answer can go on
+        (the request's and the stream's rules, the engine's ``migrate``, the request's
+        ``max_migrations``, another engine placeable now), judge the broken engine
+        (``kind``), move to the other engine and have ``run`` dispatch the continuation.
+        False: end as without migration."""
+        session = self.session
+        migrations = self.migrations
+        if (not self.resumable or session is None or migrations is None
+                or self.migrated >= self.max_migrations or self.outcome is not None):
+            return False
+        if self.first_token_at is None and not self.responder.started:
+            return False  # nothing out yet: the retry of a failed first event applies
+        point = session.resume_point()
+        if point is None or self.loop.time() >= self.deadlines.total:
+            return False
+        prompt, generated = point
+        limit = self.parsed.max_tokens
+        if limit is not None and generated >= limit:
+            return False
+        placement = self.scheduler.try_place(exclude=self.engine,
+                                             demand=self.placement.track.demand)
+        if placement is None:
+            return False
+        upstream, self.upstream = self.upstream, None
+        if upstream is not None:
+            upstream.abort()
+        if self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
+        log.warning("engine %s broke the stream (%s) after %d tokens: continuing on %s",
+                    self.engine.name, reason, generated, placement.engine.name)
+        self.failure = kind
+        self._verdict(kind)
+        self._release()
+        self.placement = placement
+        self.migrated += 1
+        migrations.counts[reason] += 1
+        if self.ctx.obs is not None:
+            self.ctx.obs.migrated(reason)
+        body = continuation_body(self.parsed, prompt, generated, usage=self.asks_usage)
+        self.migrating = (reason, body)
+        if not self.done.done():
+            self.done.set_result(None)
+        return True
+
+    async def _migration_due(self) -> bool:
+        """Wait for the stream's end; True when it broke and goes on on another engine."""
+        await self.done
+        if self.migrating is None or self.outcome is not None:
+            return False
+        self.done = self.loop.create_future()
+        return True
+
+    async def _continue(self) -> None:
+        """Open the continuation on the engine ``_migrate`` placed and read it into the same
+        session; when it does not open, migrate again (within the limit) or end the stream
+        as a mid-stream failure."""
+        assert self.migrating is not None and self.session is not None
+        reason, body = self.migrating
+        self.migrating = None
+        engine = self.engine
+        self._begin(engine)
+        try:
+            opened = await open_continuation(engine, body, self.headers,
+                                             by=self.deadlines.total)
+        except Retry as exc:
+            if self.outcome is not None:  # the deadline passed meanwhile
+                return
+            log.warning("continuation on %s failed: %s", engine.name, exc)
+            assert self.migrations is not None
+            self.migrations.failed[reason] += 1
+            self._verdict(exc.kind)
+            if not self._migrate(reason, "neutral"):
+                self._fail_stream("engine_error", "The engine stream failed and its "
+                                  "continuation on another engine did not open", exc.kind)
+            return
+        if self.outcome is not None:  # the client left meanwhile
+            opened.abort()
+            return
+        self.upstream = opened
+        self.session.resume()
+        self.awaiting_first = True
+        self.stall_from = self.loop.time()
+        self._watch_stall()
+        self._read_from(opened)
+
+    def _watch_stall(self) -> None:
+        """Arm the engine's token timeout: one timer that, when it fires, compares the time
+        of the last token (no timer per token)."""
+        limit = self.engine.config.token_timeout_s
+        if limit is None or self._stall is not None or self.outcome is not None:
+            return
+        self._stall = self.loop.call_at(max(self.last_token_at, self.stall_from) + limit,
+                                        self._check_stall)
+
+    def _check_stall(self) -> None:
+        self._stall = None
+        limit = self.engine.config.token_timeout_s
+        if self.outcome is not None or self.upstream is None or limit is None:
+            return
+        now = self.loop.time()
+        due = max(self.last_token_at, self.stall_from) + limit
+        if self.paused_at is not None or now < due:  # progress, or our client is slow
+            self._stall = self.loop.call_at(max(due, now + limit / 4), self._check_stall)
+            return
+        if self._migrate("stalled", "reset"):
+            return
+        self._fail_stream("engine_error", f"The engine sent no token for {limit:g} s", "reset")
 
     # -- endings ---------------------------------------------------------------------------
     def _fail_stream(self, code: str, message: str, kind: str) -> None:

@@ -81,6 +81,7 @@ class Observation:
         "end",
         "finished",
         "first_token_at",
+        "migrations",
         "model",
         "offset",
         "output_tokens",
@@ -121,6 +122,7 @@ class Observation:
         self.placed_engines: tuple[str, ...] = ()
         self.attempts: list[_Attempt] = []
         self.finished = False
+        self.migrations: list[str] = []  # why each migration's stream broke, in order
         self.cls = ""
         self.reason: str | None = None
         self.status = self.end = 0
@@ -162,6 +164,10 @@ class Observation:
             if not attempt.end:
                 attempt.end = time.monotonic_ns()
                 attempt.outcome = outcome
+
+    def migrated(self, reason: str) -> None:
+        """The answer goes on on another engine (the next attempt) after its stream broke."""
+        self.migrations.append(reason)
 
     def first_token(self) -> None:
         if not self.first_token_at:
@@ -230,6 +236,8 @@ class Observation:
             "tpot_s": self.tpot_s(),
             "total_s": (end - self.start) / 1e9,
         }
+        if self.migrations:
+            record["migrations"] = list(self.migrations)
         if self.trace is not None:
             record["trace_id"] = f"{self.trace.trace_id:032x}"
         return record

@@ -133,3 +133,67 @@ def prefill_body(parsed: Parsed) -> bytes:
     if "max_completion_tokens" in body:
         body["max_completion_tokens"] = 1
     return orjson.dumps(body)
+
+
+# -- migration: resuming a broken answer on another engine ---------------------------------
+# Chat-only (or prompt-shaping) fields a token-ID continuation on /v1/completions does not
+# take: the prompt is already the template's output plus the answer so far.
+_NOT_CONTINUED = frozenset({
+    "messages", "prompt", "tools", "tool_choice", "functions", "function_call",
+    "parallel_tool_calls", "response_format", "chat_template", "chat_template_kwargs",
+    "add_generation_prompt", "continue_final_message", "documents", "echo", "reasoning_effort",
+    "max_completion_tokens", "max_tokens", "stream_options", "include_reasoning", "modalities",
+    "audio", "suffix", "n", "best_of", "logprobs", "top_logprobs", "prompt_logprobs",
+    "return_token_ids", "stream", "stream_interval", "add_special_tokens", "mm_processor_kwargs",
+    "kv_transfer_params", "min_tokens", "min_completion_tokens",
+})
+_PENALTIES = ("presence_penalty", "frequency_penalty")
+
+
+def resumable(parsed: Parsed) -> bool:
+    """Whether a token-ID continuation can reproduce the rest of this request's answer (the
+    request-level half of the rules in docs/reliability.md; the stream-level half, plain
+    generated text so far, is the session's): one choice, no logprobs, no grammar, no tools
+    the engine's parser could open after the break, no stop strings (one could span the
+    break), no echo, no stripped reasoning, no per-chunk usage, no penalties over the output
+    so far (they would count it as prompt)."""
+    body = parsed.body
+    if parsed.logprobs or parsed.echo or not parsed.include_reasoning or parsed.continuous_usage:
+        return False
+    if body.get("n") not in (None, 1) or body.get("best_of") not in (None, 1):
+        return False
+    if body.get("prompt_logprobs") is not None or body.get("suffix") is not None:
+        return False
+    if body.get("stop") or _constrained(body):
+        return False
+    if any(body.get(k) for k in _PENALTIES):
+        return False
+    if parsed.route == "chat":
+        offers_tools = bool(body.get("tools")) and body.get("tool_choice") != "none"
+        return not offers_tools and not body.get("functions")
+    prompt = body.get("prompt")
+    return isinstance(prompt, str) or (
+        isinstance(prompt, list) and ((len(prompt) == 1 and isinstance(prompt[0], str))
+                                      or all(type(p) is int for p in prompt)))
+
+
+def continuation_body(parsed: Parsed, prompt_ids: bytes, generated: int, *,
+                      usage: bool) -> bytes:
+    """The continuation request for ``/v1/completions``: the token-ID prompt (the prompt's
+    IDs then the ``generated`` ones, a JSON list as the session gives it), ``max_tokens``
+    less what was generated (null without a limit: vLLM's completions default is 16), the
+    client's sampling parameters, IDs every token; ``usage``: ask usage (the first
+    attempt did)."""
+    body: dict[str, Any] = {k: v for k, v in parsed.body.items() if k not in _NOT_CONTINUED}
+    body["prompt"] = orjson.Fragment(prompt_ids)
+    limit = parsed.max_tokens
+    body["max_tokens"] = None if limit is None else limit - generated
+    floor = parsed.body.get("min_tokens")
+    if type(floor) is int and floor > generated:
+        body["min_tokens"] = floor - generated
+    body["stream"] = True
+    body["return_token_ids"] = True
+    body["stream_interval"] = 1
+    if usage:
+        body["stream_options"] = {"include_usage": True}
+    return orjson.dumps(body)
