@@ -23,7 +23,7 @@ from narwhal.cluster.admin import ADMIN_DOC, ClusterAdmin
 from narwhal.cluster.sync import ClusterSync
 from narwhal.config import Config, EngineConfig
 from narwhal.control.discovery import Discovery
-from narwhal.control.fleet import ChangeRefused, FleetControl, Parts
+from narwhal.control.fleet import FLEET_DOC, ChangeRefused, FleetControl, Parts
 from narwhal.control.store import FileStore, MemoryStore
 from narwhal.fleet.engine import Engine
 from narwhal.fleet.health import HealthMonitor
@@ -143,6 +143,9 @@ class Narwhal:
         self.control = control = self._fleet_control(config, config_path, predictive,
                                                      overrides)
         self.discovery = Discovery(config.discovery, control) if leader else None
+        if cluster is not None:  # engines added or removed through one router reach all
+            control.share(lambda doc: cluster.publish(FLEET_DOC, doc))
+            cluster.subscribe(FLEET_DOC, lambda _kind, doc: control.received(doc))
         info = InfoRoutes(catalog, board, engines, learning, registry, self.lifecycle,
                           state_refusal=state.refusal, eligible=scheduler.eligible,
                           leaving=control.leaving, cluster=cluster)

@@ -18,7 +18,16 @@ from typing import Any
 import openai
 import pytest
 import yaml
-from fleet_support import ADMIN_ENV, ADMIN_SECTION, MARK, Counters, admin, engines, wait_for
+from fleet_support import (
+    ADMIN_ENV,
+    ADMIN_SECTION,
+    MARK,
+    Counters,
+    admin,
+    engines,
+    redis_server,
+    wait_for,
+)
 from procs import MODEL, Proc, free_port, http, router_config
 
 STREAM_TOKENS = 40
@@ -54,6 +63,7 @@ def write(path: Path, data: Any) -> None:
 
 
 def router_with_file(tmp_path: Path, data: dict[str, Any], *extra: str) -> tuple[Proc, Path]:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / "narwhal.yaml"
     write(path, data)
     proc = Proc([sys.executable, "-m", "narwhal", "serve", "--config", str(path), *extra],
@@ -259,6 +269,29 @@ def test_file_discovery(tmp_path: Path, sims: list[Proc], workers: int) -> None:
             assert status == 200, body
     finally:
         router.stop()
+
+
+def test_admin_engine_changes_reach_every_router_of_a_cluster(tmp_path: Path,
+                                                              sims: list[Proc]) -> None:
+    a, b, _ = sims
+    with redis_server() as redis:
+        cluster = {"backend": "redis", "url": redis.url, "key_prefix": "fleet-test",
+                   "sync_interval_ms": 50}
+        routers = [router_with_file(tmp_path / f"r{i}", config({"a": a.url}, cluster=cluster),
+                                    *flags)[0]
+                   for i, flags in enumerate([(), ("--workers", "2")])]
+        try:
+            one, two = (r.url for r in routers)
+            status, _, body = admin(one, "/admin/engines", {"name": "b", "url": b.url})
+            assert status == 200, body
+            wait_for(lambda: all(engine_names(two) == {"a", "b"} for _ in range(4)), 10)
+            status, _, body = admin(two, "/admin/engines/b", method="DELETE")
+            assert status == 200, body
+            wait_for(lambda: all(engine_names(one) == {"a"} for _ in range(4)), 10)
+            wait_for(lambda: all(engine_names(two) == {"a"} for _ in range(4)), 10)
+        finally:
+            for router in routers:
+                router.stop()
 
 
 # -- DNS ------------------------------------------------------------------------------------

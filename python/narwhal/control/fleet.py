@@ -44,6 +44,8 @@ from narwhal.scheduling.policies import make_policy
 
 log = logging.getLogger("narwhal.fleet")
 
+FLEET_DOC = "fleet:admin"
+"""The cluster document kind of the admin API's engine changes."""
 REAP_INTERVAL_S = 0.1
 """How often engines leaving the fleet are checked for requests still in flight."""
 
@@ -111,6 +113,27 @@ class FleetControl:
         self.discovered: Sequence[Mapping[str, Any]] = ()
         self._reaper: asyncio.Task[None] | None = None
         self._stopped = False
+        self._share: Callable[[dict[str, Any]], None] | None = None
+
+    # -- several routers (cluster/) ----------------------------------------------------------
+    def share(self, publish: Callable[[dict[str, Any]], None]) -> None:
+        """Several routers share the fleet: the admin API's engine changes (and a reload's
+        dropping them) go to ``publish`` and so to every other router, which takes them
+        with ``received``. Each router's file and discovery stay its own."""
+        self._share = publish
+
+    def received(self, doc: object) -> None:
+        """Another router's admin engine changes (its ``added`` and ``removed``)."""
+        if not isinstance(doc, dict):
+            return
+        added, removed = doc.get("added"), doc.get("removed")
+        if not isinstance(added, list) or not isinstance(removed, list):
+            return
+        try:
+            self._change(lambda d: {**d, "added": added, "removed": removed},
+                         "another router's admin change", share=False)
+        except Refusal as exc:
+            log.error("another router's engine change not applied here: %s", exc.message)
 
     @staticmethod
     def first_document(config: Config) -> Document:
@@ -178,7 +201,7 @@ class FleetControl:
         if list(entries) == list(self.discovered):
             return True
         try:
-            self._change(lambda doc: {**doc, "discovered": list(entries)}, source)
+            self._change(lambda doc: {**doc, "discovered": list(entries)}, source, share=False)
         except ChangeRefused as exc:
             log.error("%s: not applied: %s", source, exc.message)
             return False
@@ -186,7 +209,8 @@ class FleetControl:
         return True
 
     # -- the change, in every worker ---------------------------------------------------------
-    def _change(self, edit: Callable[[Document], Document], what: str) -> dict[str, Any]:
+    def _change(self, edit: Callable[[Document], Document], what: str, *,
+                share: bool = True) -> dict[str, Any]:
         problem: list[ChangeRefused] = []
 
         def change(doc: Document) -> Document | None:
@@ -222,6 +246,8 @@ class FleetControl:
             self.apply(document)
             if self.notify_peers is not None:
                 self.notify_peers()
+            if share and self._share is not None:
+                self._share({"added": document["added"], "removed": document["removed"]})
         return self.describe()
 
     def _validate(self, doc: Document) -> Config:
