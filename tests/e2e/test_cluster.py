@@ -197,7 +197,8 @@ def test_redis_lost_and_back_under_load(routers: list[Proc], sims: list[Proc],
         wait_for(lambda: len(statuses) >= 20)
         redis.stop()
         for router in routers:
-            wait_for(lambda r=router: cluster_of(r)["degraded"], timeout=5)  # type: ignore[misc]
+            wait_for(lambda r=router: all(  # type: ignore[misc]
+                cluster_of(r)["degraded"] for _ in range(4)), timeout=5)
             m = metrics(router.url)
             assert m["narwhal_cluster_degraded"] == 1
             quota = m['narwhal_engine_quota{engine="e0",phase="decode"}']
@@ -208,8 +209,9 @@ def test_redis_lost_and_back_under_load(routers: list[Proc], sims: list[Proc],
         wait_for(lambda: len(statuses) >= during + 30)  # still serving without Redis
         redis.start()
         for router in routers:
-            wait_for(lambda r=router: not cluster_of(r)["degraded"]  # type: ignore[misc]
-                     and cluster_of(r)["instances"] == 3, timeout=10)
+            wait_for(lambda r=router: all(  # type: ignore[misc]
+                not cluster_of(r)["degraded"] and cluster_of(r)["instances"] == 3
+                for _ in range(4)), timeout=10)
             assert metrics(router.url)["narwhal_cluster_degraded"] == 0
         back = len(statuses)
         wait_for(lambda: len(statuses) >= back + 20)

@@ -204,7 +204,6 @@ class ClusterSync:
                 log.warning("cluster sharing restored (%d instances)", self.instances)
             else:
                 log.info("joined the cluster (%d instances)", self.instances)
-            self._hold_until = time.monotonic() + self.ttl_ms / 1000.0
             self.degraded, self.last_error, self.ever_synced = False, None, True
         self._receive(docs)
 
@@ -212,6 +211,8 @@ class ClusterSync:
         """Claim this instance's quotas; apply the grants. Returns the board's counts."""
         if self._claims is None:  # first claim: learn the others' wants first
             _, self._claims = await store.claim(self.instance, self.ttl_ms, {})
+        if self.degraded:  # (re)joining: the others may not have claimed again yet
+            self._hold_until = time.monotonic() + self.ttl_ms / 1000.0
         asks: dict[str, list[int]] = {}
         counts: dict[str, tuple[int, int]] = {}
         queued = self.board.queued()
