@@ -143,16 +143,21 @@ class ClientTransport(asyncio.Transport):
 class Bench:
     """One router on a private loop, and one keep-alive client connection to it."""
 
-    def __init__(self, sizing: str | None) -> None:
+    def __init__(self, sizing: str | None, tracing: str | None = None) -> None:
+        """``tracing``: an OTLP/HTTP endpoint to export every request's spans to
+        (``sample_ratio`` 1.0), or None for tracing off."""
         admission: dict[str, Any] = {"queue_limit": 1024}
         if sizing is not None:
             admission["sizing"] = sizing
-        config = parse_config({
+        raw: dict[str, Any] = {
             "model": MODEL,
             "engines": [{"name": f"e{i}", "url": f"http://127.0.0.1:{9 + i}"}
                         for i in range(ENGINES)],
             "admission": admission,
-        })
+        }
+        if tracing is not None:
+            raw["tracing"] = {"otlp_endpoint": tracing, "sample_ratio": 1.0}
+        config = parse_config(raw)
         self.loop = uvloop.new_event_loop()
         asyncio.set_event_loop(self.loop)
         self.router = self.loop.run_until_complete(self._build(config))

@@ -1,6 +1,7 @@
 """Typed stubs for the Rust extension narwhal._narwhal_fast (checked with mypy.stubtest)."""
 
 import os
+from collections.abc import Sequence
 from typing import Any, final
 
 __all__ = [
@@ -257,5 +258,5 @@ class SpanEncoder:
     def encode(self, observation: Any) -> bytes:
         """A finished ``narwhal.observe.observation.Observation``'s spans (read from its
         attributes by name): ``ScopeSpans.spans`` fields, server span last."""
-    def request(self, spans: list[bytes]) -> bytes:
+    def request(self, spans: Sequence[bytes]) -> bytes:
         """The ``ExportTraceServiceRequest`` around ``spans`` (``encode`` outputs)."""

@@ -1,6 +1,7 @@
-"""The OTLP/HTTP exporter: what it encodes decodes with opentelemetry-proto to the spans the
-SDK would hold, and its thread posts batches, dropping them (without raising) while the
-collector is down."""
+"""The OTLP/HTTP export: the span encoding's reference (tests/reference/otlp_oracle.py, which
+the Rust encoder matches byte for byte: test_observe_spans.py) decodes with opentelemetry-proto
+to the spans the SDK would hold; the export thread posts batches, dropping them (without
+raising) while the collector is down."""
 
 from __future__ import annotations
 
@@ -23,8 +24,10 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Status as PbStatus
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
+from narwhal._narwhal_fast import SpanEncoder
 from narwhal.observe import otlp
-from narwhal.observe.otlp import Encoder, OtlpHttpExporter
+from narwhal.observe.otlp import OtlpHttpExporter
+from reference.otlp_oracle import Encoder
 
 TRACE = 0x0AF7651916CD43DD8448EB211C80319C
 SAMPLED = TraceFlags(TraceFlags.SAMPLED)
@@ -105,6 +108,14 @@ def test_a_large_batch_round_trips() -> None:
     batch = spans() * 300
     request = decode(encoder.request(encoder.readable(batch)))
     assert len(request.resource_spans[0].scope_spans[0].spans) == len(batch)
+    # the Rust encoder's request around the same spans, given in parts, is the same bytes
+    rust = SpanEncoder([("service.name", "narwhal")], "narwhal", "0.1.0", seed=1)
+    parts = [encoder.readable(spans()) for _ in range(300)]
+    assert rust.request(parts) == encoder.request(b"".join(parts))
+
+
+def exporter_encoder() -> SpanEncoder:
+    return SpanEncoder([("service.name", "narwhal")], "narwhal", "0.1.0", seed=1)
 
 
 class Collector(http.server.ThreadingHTTPServer):
@@ -142,7 +153,7 @@ def collector() -> Iterator[Collector]:
 def test_the_export_thread_posts_protobuf_to_v1_traces(collector: Collector) -> None:
     port = collector.server_address[1]
     encoder = Encoder({"service.name": "narwhal"}, "narwhal", "0.1.0")
-    exporter = OtlpHttpExporter(f"http://127.0.0.1:{port}", encoder)
+    exporter = OtlpHttpExporter(f"http://127.0.0.1:{port}", exporter_encoder())
     exporter.submit(encoder.readable(spans()))  # one request's spans
     exporter.submit(encoder.readable(spans()[:1]))
     exporter.close(5.0)  # sends what is queued, then stops
@@ -151,7 +162,7 @@ def test_the_export_thread_posts_protobuf_to_v1_traces(collector: Collector) -> 
         ("/v1/traces", "application/x-protobuf")]
     assert len(decode(collector.bodies[0][2]).resource_spans[0].scope_spans[0].spans) == 4
     # an endpoint that already names the traces path is used as it is
-    other = OtlpHttpExporter(f"http://127.0.0.1:{port}/otlp/v1/traces", encoder)
+    other = OtlpHttpExporter(f"http://127.0.0.1:{port}/otlp/v1/traces", exporter_encoder())
     other.close(1.0)
     assert other.path == "/otlp/v1/traces"
 
@@ -162,7 +173,7 @@ def test_a_collector_that_is_down_drops_batches_and_warns_once(
     with Collector() as closed:  # a port nothing listens on once it is closed
         port = closed.server_address[1]
     encoder = Encoder({}, "narwhal", "0.1.0")
-    exporter = OtlpHttpExporter(f"http://127.0.0.1:{port}", encoder, timeout_s=1.0)
+    exporter = OtlpHttpExporter(f"http://127.0.0.1:{port}", exporter_encoder(), timeout_s=1.0)
     with caplog.at_level(logging.WARNING, logger="narwhal.tracing"):
         for _ in range(3):
             assert exporter.export([encoder.readable(spans())]) is False
@@ -174,9 +185,24 @@ def test_a_collector_that_is_down_drops_batches_and_warns_once(
 
 def test_past_the_queue_bound_new_requests_are_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(otlp, "MAX_QUEUED", 5)
-    encoder = Encoder({}, "narwhal", "0.1.0")
-    exporter = OtlpHttpExporter("http://127.0.0.1:9", encoder)
+    exporter = OtlpHttpExporter("http://127.0.0.1:9", exporter_encoder())
     exporter.close(5.0)  # nothing queued: the thread stops, and what comes later waits
     for _ in range(8):
         exporter.submit(b"x")
     assert exporter.dropped == 3
+
+
+def test_a_post_takes_what_was_queued_when_the_thread_woke(collector: Collector) -> None:
+    """What the loop queues while a post is under way waits for the next wake: a busy
+    router posts every SEND_EVERY_S or SEND_AFTER requests, not once per few requests."""
+    port = collector.server_address[1]
+    encoder = Encoder({"service.name": "narwhal"}, "narwhal", "0.1.0")
+    exporter = OtlpHttpExporter(f"http://127.0.0.1:{port}", exporter_encoder())
+    exporter.close(5.0)  # the thread is stopped: this test calls send itself
+    one = encoder.readable(spans()[:1])
+    for _ in range(5):
+        exporter.submit(one)
+    exporter.send(3)
+    assert exporter.exported == 3 and exporter.queued == 2
+    exporter.send()
+    assert exporter.exported == 5 and len(collector.bodies) == 2

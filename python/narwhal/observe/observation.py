@@ -3,7 +3,9 @@
 The flow calls a few hooks through one ``Observation`` per request (arrival, parsed, sized,
 placed, each engine attempt's beginning and verdict, the first token, the output, the end);
 each hook only records a moment or a number. At the end the observation is written out
-once: an access-log line, and, when the request's trace is sampled, its spans. With both the
+once: an access-log line, and, when the request's trace is sampled, its spans, which the Rust
+encoder (``SpanEncoder.encode``) writes from this object's attributes, read by name (the
+oracle is ``tests/reference/otlp_oracle.py``; the unit tests compare the two). With both the
 access log and tracing off there is no ``Observer`` and no observation: each hook in the flow
 is one ``is not None`` check.
 
@@ -14,12 +16,13 @@ request's offset between the two clocks, taken once at arrival.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Sequence
+from urllib.parse import urlsplit
 
 from narwhal.config import EngineConfig
 from narwhal.observe.access_log import AccessLog
-from narwhal.observe.otlp import CLIENT, INTERNAL, SERVER, Encoder, SpanData
 from narwhal.observe.tracecontext import TraceContext, new_span_id
 from narwhal.observe.tracing import Tracer
 from narwhal.request.parse import Parsed
@@ -31,8 +34,6 @@ OPERATIONS = {"chat": "chat", "completion": "text_completion"}
 """Route to ``gen_ai.operation.name`` (the OpenTelemetry GenAI semantic conventions)."""
 MAX_LOGGED_CHARS = 256
 """Client-chosen values (request id, model) are cut to this many characters in the log."""
-_ERROR_CLASSES = frozenset({"failed", "expired"})
-_NOT_A_FAILURE = frozenset({"ok", "neutral"})
 _TRACE_HEADERS = (b"traceparent", b"tracestate")
 
 
@@ -60,7 +61,7 @@ class Observer:
 
 
 class _Attempt:
-    __slots__ = ("end", "engine", "outcome", "span_id", "start")
+    __slots__ = ("end", "engine", "host", "outcome", "port", "span_id", "start")
 
     def __init__(self, engine: EngineConfig, span_id: int, start: int) -> None:
         self.engine = engine
@@ -68,6 +69,15 @@ class _Attempt:
         self.start = start
         self.end = 0
         self.outcome = ""
+        self.host, self.port = _address(engine.url) if span_id else ("", 0)
+
+
+@functools.lru_cache(maxsize=1024)
+def _address(url: str) -> tuple[str, int]:
+    """An engine URL's host and port, as its attempt spans name them (``EngineConfig.host``
+    and ``.port`` parse the URL on every call)."""
+    parts = urlsplit(url)
+    return parts.hostname or "", parts.port or 0
 
 
 class Observation:
@@ -189,7 +199,13 @@ class Observation:
             observer.access_log.write(self._record(cls, reason, status, end))
         tracer = observer.tracer
         if tracer is not None and self.trace is not None and self.trace.sampled:
-            tracer.submit(self.encode(tracer.encoder))
+            # the spans, written by the Rust encoder from this object's attributes
+            tracer.submit(tracer.encoder.encode(self))
+        # The flow's per-request objects (this one among them) can outlive the request in a
+        # reference cycle until the garbage collector runs; let go of what is written out so
+        # reference counting frees it now (fewer objects for each collection to walk).
+        self.attempts.clear()
+        self.trace = None
 
     # -- figures -----------------------------------------------------------------------------
     def _seconds(self, since: int, until: int) -> float | None:
@@ -241,115 +257,3 @@ class Observation:
         if self.trace is not None:
             record["trace_id"] = f"{self.trace.trace_id:032x}"
         return record
-
-    # -- spans: encoded once the request has finished -------------------------------------
-    def _name(self) -> str:
-        model = self.model
-        if model is None:
-            return f"POST {self.path}"
-        return f"{OPERATIONS.get(self.route, '')} {model}"
-
-    def spans(self, encoder: Encoder) -> list[SpanData]:
-        """The server span and its children: sizing, admission wait, placement, attempts
-        (constant attributes pre-encoded by ``encoder``)."""
-        trace = self.trace
-        assert trace is not None and self.finished
-        off, end, root = self.offset, self.end, trace.span_id
-        name = self._name()
-        operation = OPERATIONS.get(self.route, "")
-        gen_ai: list[tuple[str, object]] = []
-        if self.model is not None:
-            gen_ai = [("gen_ai.operation.name", operation), ("gen_ai.request.model", self.model)]
-        spans: list[SpanData] = []
-        if self.parsed_at:
-            spans.append(SpanData(
-                "narwhal.sizing", INTERNAL, new_span_id(), root, self.parsed_at + off,
-                (self.sized_at or end) + off,
-                (("gen_ai.usage.input_tokens", self.prompt_tokens or 0),)))
-        if self.sized_at:
-            waited = () if self.queue_wait_s is None else (
-                ("narwhal.queue_wait_s", self.queue_wait_s),)
-            refused_here = not self.placed_at and self.cls in _ERROR_CLASSES
-            spans.append(SpanData(
-                "narwhal.admission_wait", INTERNAL, new_span_id(), root, self.sized_at + off,
-                (self.placed_at or end) + off, waited,
-                error=(self.reason or self.cls) if refused_here else None))
-        attempts = self.attempts
-        if self.placed_at:
-            placement: list[tuple[str, object]] = [("narwhal.engine", self.placed_engines[0])]
-            if len(self.placed_engines) > 1:
-                placement.append(("narwhal.decode_engine", self.placed_engines[1]))
-            spans.append(SpanData(
-                "narwhal.placement", INTERNAL, new_span_id(), root, self.placed_at + off,
-                (attempts[0].start if attempts else end) + off, placement))
-        for index, attempt in enumerate(attempts, 1):
-            outcome = attempt.outcome or "unjudged"
-            engine = attempt.engine
-            failed = outcome not in _NOT_A_FAILURE
-            key = ("attempt", operation, self.model, engine.name, engine.url, engine.role)
-            fixed = encoder.fixed(key, _attempt_attributes, gen_ai, engine)
-            attributes: tuple[tuple[str, object], ...] = (
-                ("narwhal.attempt", index), ("narwhal.attempt.outcome", outcome))
-            if failed:
-                attributes += (("error.type", outcome),)
-            spans.append(SpanData(
-                name if gen_ai else "narwhal.attempt", CLIENT, attempt.span_id, root,
-                attempt.start + off, (attempt.end or end) + off, attributes,
-                error=outcome if failed else None, fixed=fixed))
-        error = (self.reason or self.cls) if (
-            self.cls in _ERROR_CLASSES or self.status >= 500) else None
-        events = (("first_token", self.first_token_at + off),) if self.first_token_at else ()
-        fixed = encoder.fixed(("server", operation, self.model, self.path),
-                              _server_fixed_attributes, gen_ai, self.path)
-        spans.append(SpanData(
-            name, SERVER, root, trace.parent_id, self.start + off, end + off,
-            self._server_attributes(error), events, error,
-            remote_parent=bool(trace.parent_id), fixed=fixed))
-        return spans
-
-    def encode(self, encoder: Encoder) -> bytes:
-        """The request's spans, encoded for the export thread's queue."""
-        trace = self.trace
-        assert trace is not None
-        trace_id = trace.trace_id.to_bytes(16, "big")
-        sampled = 1 if trace.sampled else 0
-        return b"".join(encoder.span(trace_id, sampled, span) for span in self.spans(encoder))
-
-    def _server_attributes(self, error: str | None) -> list[tuple[str, object]]:
-        """What the server span says beyond its model and route (the admission-wait span
-        has the queue wait; the access log has the client, TPOT and more)."""
-        attributes: list[tuple[str, object]] = [
-            ("narwhal.request_id", self.request_id),
-            ("narwhal.outcome", self.cls),
-        ]
-        if self.status:
-            attributes.append(("http.response.status_code", self.status))
-        if self.reason is not None:
-            attributes.append(("narwhal.reason", self.reason))
-        if error is not None:
-            attributes.append(("error.type", error))
-        if self.prompt_tokens is not None:
-            attributes.append(("gen_ai.usage.input_tokens", self.prompt_tokens))
-        if self.model is not None:
-            attributes.append(("gen_ai.usage.output_tokens", self.output_tokens))
-        if self.attempts:
-            legs = len({a.engine.role for a in self.attempts})
-            attributes += [("narwhal.engines", tuple(self.engines())),
-                           ("narwhal.retries", len(self.attempts) - legs)]
-        elif self.placed_engines:
-            attributes.append(("narwhal.engines", self.placed_engines))
-        if self.first_token_at:
-            attributes.append(("narwhal.ttft_s", (self.first_token_at - self.start) / 1e9))
-        return attributes
-
-def _attempt_attributes(gen_ai: list[tuple[str, object]],
-                        engine: EngineConfig) -> list[tuple[str, object]]:
-    """An attempt span's attributes that its engine and model fix."""
-    return [*gen_ai, ("server.address", engine.host), ("server.port", engine.port),
-            ("narwhal.engine", engine.name), ("narwhal.engine.role", engine.role)]
-
-
-def _server_fixed_attributes(gen_ai: list[tuple[str, object]],
-                             path: str) -> list[tuple[str, object]]:
-    """The server span's attributes that its route and model fix."""
-    return [*gen_ai, ("http.request.method", "POST"), ("http.route", path)]

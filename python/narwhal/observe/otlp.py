@@ -1,14 +1,14 @@
-"""OTLP/HTTP span export: spans encoded as an OTLP protobuf ``ExportTraceServiceRequest``
-and posted to ``<endpoint>/v1/traces`` by one export thread per worker process.
+"""OTLP/HTTP span export: one export thread per worker process posts finished requests'
+spans, encoded as OTLP protobuf, to ``<endpoint>/v1/traces``.
 
-The encoder writes the protobuf wire format directly, for the fields Narwhal's spans use
-(IDs, name, kind, times, attributes, events, status, flags); attributes that repeat (model,
-route, an engine's address) are encoded once and cached. A finished request's spans are
-encoded in one go (bytes, which the garbage collector does not track) and queued; the
-export thread joins what is queued into one request every ``SEND_EVERY_S`` (sooner past
-``SEND_AFTER`` requests) and posts it. The OpenTelemetry SDK's own span pipeline (a
-``ReadableSpan`` per span, its generic encoder) measured several times the whole per-request
-budget of tracing (10 % of the router's CPU), which is why Narwhal writes its own.
+The event loop encodes a finished request's spans in one call to the Rust encoder
+(``narwhal._narwhal_fast.SpanEncoder``, ``rust/narwhal_core/src/otlp.rs``: a few µs) and
+queues the bytes (which the garbage collector does not track). The export thread wakes every
+``SEND_EVERY_S`` (sooner once ``SEND_AFTER`` requests are queued), takes what is queued at
+that moment, wraps it in one ``ExportTraceServiceRequest`` (Rust again) and posts it with
+``http.client`` on a kept-alive connection. What the loop queues while a post is under way
+waits for the next wake: so a busy router posts a few times a second, not once per handful of
+requests.
 
 Nothing here waits on the collector from the event loop: a collector that is down or slow
 costs dropped spans and a warning a minute, never a request. Tests decode the output with
@@ -19,189 +19,23 @@ from __future__ import annotations
 
 import http.client
 import logging
-import struct
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Sequence
 from urllib.parse import urlsplit
+
+from narwhal._narwhal_fast import SpanEncoder
 
 log = logging.getLogger("narwhal.tracing")
 
-_Q = struct.Struct("<Q")  # fixed64
-_I = struct.Struct("<I")  # fixed32
-_D = struct.Struct("<d")  # double
 SEND_EVERY_S = 0.5
-SEND_AFTER = 256
+SEND_AFTER = 1024
 """Requests queued that wake the export thread before ``SEND_EVERY_S``."""
 MAX_QUEUED = 8192
 """Requests waiting for export; past it new ones are dropped (the collector is down or slow)."""
 MAX_POST_BYTES = 4 << 20
-CACHE_ENTRIES = 4096
-"""Encoded attributes kept per cache (names, routes, engines: a fleet's worth)."""
-_CACHEABLE = frozenset({str, bool, tuple})
-_UNIQUE = frozenset({"narwhal.request_id"})
-"""Attributes whose values rarely repeat: not cached."""
 _WARN_EVERY_S = 60.0
-_SMALL = [bytes((n,)) for n in range(128)]
-
-INTERNAL, SERVER, CLIENT = 1, 2, 3
-"""OTLP span kinds (the SDK's ``SpanKind`` values plus one)."""
-
-
-class SpanData(NamedTuple):
-    """One span as the encoder writes it (IDs as integers, times in ns since the epoch)."""
-
-    name: str
-    kind: int  # INTERNAL, SERVER or CLIENT
-    span_id: int
-    parent_id: int  # 0: a root span
-    start_ns: int
-    end_ns: int
-    attributes: Sequence[tuple[str, object]]
-    events: Sequence[tuple[str, int]] = ()
-    error: str | None = None  # the span failed: status ERROR with this message
-    remote_parent: bool = False  # the parent is another process's (the client's)
-    fixed: bytes = b""  # attributes already encoded (``Encoder.fixed``), before the others
-
-
-def readable(span: Any) -> SpanData:
-    """An SDK ``ReadableSpan`` as SpanData."""
-    parent = span.parent
-    status = span.status
-    error = None
-    if status is not None and status.status_code.value == 2:  # StatusCode.ERROR
-        error = status.description or ""
-    return SpanData(span.name, span.kind.value + 1, span.context.span_id,
-                    parent.span_id if parent is not None else 0, span.start_time or 0,
-                    span.end_time or 0, tuple((span.attributes or {}).items()),
-                    tuple((e.name, e.timestamp) for e in span.events), error,
-                    parent is not None and parent.is_remote)
-
-
-def _varint(n: int) -> bytes:
-    if n < 128:
-        return _SMALL[n]
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def _field(tag: bytes, payload: bytes) -> bytes:
-    """A length-delimited field: its tag byte(s), the length, the payload."""
-    return tag + _varint(len(payload)) + payload
-
-
-def _any_value(value: object) -> bytes:
-    if isinstance(value, str):
-        return _field(b"\x0a", value.encode())
-    if isinstance(value, bool):
-        return b"\x10\x01" if value else b"\x10\x00"
-    if isinstance(value, int):
-        return b"\x18" + _varint(value & 0xFFFFFFFFFFFFFFFF)
-    if isinstance(value, float):
-        return b"\x21" + _D.pack(value)
-    if isinstance(value, (list, tuple)):  # ArrayValue { repeated AnyValue values = 1 }
-        return _field(b"\x2a", b"".join(_field(b"\x0a", _any_value(v)) for v in value))
-    return _field(b"\x0a", str(value).encode())
-
-
-class Encoder:
-    """Spans to OTLP protobuf, for one resource and one instrumentation scope."""
-
-    def __init__(self, resource: Mapping[str, object], scope: str, version: str) -> None:
-        self._kv_cache: dict[tuple[str, object], bytes] = {}  # filled once, never cleared
-        self._heads: dict[str, bytes] = {}
-        self._names: dict[str, bytes] = {}
-        self._fixed: dict[Hashable, bytes] = {}
-        # Resource.attributes = 1: the same KeyValue entries with tag 1 instead of 9
-        head = b"".join(b"\x0a" + self._kv(k, v)[1:] for k, v in resource.items())
-        self._resource = _field(b"\x0a", head)  # ResourceSpans.resource = 1
-        self._scope = _field(b"\x0a", _field(b"\x0a", scope.encode())
-                             + _field(b"\x12", version.encode()))  # ScopeSpans.scope = 1
-
-    def _kv(self, key: str, value: object) -> bytes:
-        """One attribute as a ``Span.attributes`` entry (tag, length, ``KeyValue``). Keys,
-        and values that repeat (strings, booleans, tuples of strings) are encoded once."""
-        kind = type(value)
-        cacheable = kind in _CACHEABLE and key not in _UNIQUE
-        if cacheable:
-            hit = self._kv_cache.get((key, value))
-            if hit is not None:
-                return hit
-        head = self._heads.get(key)
-        if head is None:  # KeyValue.key = 1, then the tag of KeyValue.value = 2
-            head = self._heads[key] = _field(b"\x0a", key.encode()) + b"\x12"
-        if kind is int and 0 <= value < 1 << 56:  # type: ignore[operator]
-            body = b"\x18" + _varint(value)  # type: ignore[arg-type]
-        elif kind is float:
-            body = b"\x21" + _D.pack(value)
-        else:
-            body = _any_value(value)
-        size = len(head) + 1 + len(body)
-        if size < 128 and len(body) < 128:
-            encoded = b"\x4a" + _SMALL[size] + head + _SMALL[len(body)] + body
-        else:
-            encoded = _field(b"\x4a", head + _varint(len(body)) + body)
-        if cacheable and len(self._kv_cache) < CACHE_ENTRIES:
-            self._kv_cache[(key, value)] = encoded
-        return encoded
-
-    def fixed(self, key: Hashable, attributes: Callable[..., Sequence[tuple[str, object]]],
-              *args: Any) -> bytes:
-        """The attributes ``attributes(*args)`` gives, encoded once per ``key`` (a span's
-        constant attributes: only a new key calls it)."""
-        hit = self._fixed.get(key)
-        if hit is None:
-            hit = b"".join(self._kv(k, v) for k, v in attributes(*args))
-            if len(self._fixed) < CACHE_ENTRIES:
-                self._fixed[key] = hit
-        return hit
-
-    def _name(self, name: str) -> bytes:
-        """``Span.name`` (tag, length, text), cached: names repeat."""
-        hit = self._names.get(name)
-        if hit is None:
-            hit = _field(b"\x2a", name.encode())
-            if len(self._names) < CACHE_ENTRIES:
-                self._names[name] = hit
-        return hit
-
-    def span(self, trace_id: bytes, sampled: int, span: SpanData) -> bytes:
-        """One ``Span`` of the trace ``trace_id`` (16 bytes), as a ``ScopeSpans.spans``
-        field: what :meth:`request` joins."""
-        parts = [b"\x0a\x10", trace_id, b"\x12\x08", span.span_id.to_bytes(8, "big")]
-        if span.parent_id:
-            parts += (b"\x22\x08", span.parent_id.to_bytes(8, "big"))
-        parts += (self._name(span.name), b"\x30", _SMALL[span.kind],
-                  b"\x39", _Q.pack(span.start_ns), b"\x41", _Q.pack(span.end_ns), span.fixed)
-        kv = self._kv
-        parts += [kv(key, value) for key, value in span.attributes]
-        for event_name, at in span.events:
-            body = b"\x09" + _Q.pack(at) + _field(b"\x12", event_name.encode())
-            parts.append(_field(b"\x5a", body))
-        if span.error is not None:
-            body = (_field(b"\x12", span.error.encode()) if span.error else b"") + b"\x18\x02"
-            parts.append(_field(b"\x7a", body))
-        # flags: the W3C trace flags, and whether the parent is remote (known)
-        flags = sampled | 0x100 | (0x200 if span.remote_parent else 0)
-        parts += (b"\x85\x01", _I.pack(flags))
-        return _field(b"\x12", b"".join(parts))
-
-    def request(self, spans: bytes) -> bytes:
-        """The ``ExportTraceServiceRequest`` around ``spans`` (joined :meth:`span` output)."""
-        scope_spans = _field(b"\x12", self._scope + spans)
-        return _field(b"\x0a", self._resource + scope_spans)
-
-    def readable(self, spans: Iterable[Any]) -> bytes:
-        """SDK ``ReadableSpan`` objects as :meth:`span` output."""
-        return b"".join(
-            self.span(s.context.trace_id.to_bytes(16, "big"), int(s.context.trace_flags) & 0xFF,
-                      readable(s)) for s in spans)
 
 
 class OtlpHttpExporter:
@@ -209,7 +43,8 @@ class OtlpHttpExporter:
     (:meth:`submit`, no waiting) and posts them to an OTLP/HTTP collector in batches. A failed
     post drops its batch."""
 
-    def __init__(self, endpoint: str, encoder: Encoder, *, timeout_s: float = 5.0) -> None:
+    def __init__(self, endpoint: str, encoder: SpanEncoder, *,
+                 timeout_s: float = 5.0) -> None:
         parts = urlsplit(endpoint)
         path = parts.path.rstrip("/")
         self.url = endpoint
@@ -230,9 +65,14 @@ class OtlpHttpExporter:
                                         daemon=True)
         self._thread.start()
 
+    @property
+    def queued(self) -> int:
+        """Requests whose spans wait for the export thread."""
+        return len(self._queue)
+
     # -- the event loop's side ----------------------------------------------------------------
     def submit(self, spans: bytes) -> None:
-        """Queue one request's encoded spans (``Encoder.span`` output, joined)."""
+        """Queue one request's encoded spans (``SpanEncoder.encode`` output)."""
         queue = self._queue
         if len(queue) >= MAX_QUEUED:
             self.dropped += 1
@@ -253,17 +93,23 @@ class OtlpHttpExporter:
         while not self._stopping:
             self._wake.wait(SEND_EVERY_S)
             self._wake.clear()
-            self.send()
+            # only what is queued now: what the loop queues while this posts waits for the
+            # next wake, so a busy router posts every SEND_EVERY_S or SEND_AFTER requests
+            # rather than chasing the queue with a post per handful of requests
+            self.send(len(self._queue))
         self.send()
         self._close()
 
-    def send(self) -> None:
-        """Post everything queued, in requests of at most ``MAX_POST_BYTES``."""
+    def send(self, limit: int | None = None) -> None:
+        """Post what is queued (at most ``limit`` requests' spans; None: all), in requests of
+        at most ``MAX_POST_BYTES``."""
         queue = self._queue
-        while queue:
+        left = len(queue) if limit is None else limit
+        while queue and left > 0:
             batch: list[bytes] = []
             size = 0
-            while queue and size < MAX_POST_BYTES:
+            while queue and left > 0 and size < MAX_POST_BYTES:
+                left -= 1
                 spans = queue.popleft()
                 batch.append(spans)
                 size += len(spans)
@@ -271,7 +117,7 @@ class OtlpHttpExporter:
 
     def export(self, batch: Sequence[bytes]) -> bool:
         try:
-            status = self._post(self.encoder.request(b"".join(batch)))
+            status = self._post(self.encoder.request(batch))
         except (OSError, http.client.HTTPException) as exc:
             self._close()
             return self._failed(len(batch), f"{type(exc).__name__}: {exc}")

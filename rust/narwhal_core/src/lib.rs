@@ -5,6 +5,7 @@ pub mod delta;
 pub mod error;
 pub mod expose;
 pub mod histogram;
+pub mod otlp;
 pub mod outcome;
 pub mod prefix;
 pub mod session;

@@ -2,6 +2,7 @@
 use pyo3::prelude::*;
 
 mod counters;
+mod otlp;
 mod prefix;
 mod stream;
 
@@ -18,5 +19,6 @@ fn _narwhal_fast(m: &Bound<'_, PyModule>) -> PyResult<()> {
     counters::register(m)?;
     stream::register(m)?;
     prefix::register(m)?;
+    otlp::register(m)?;
     Ok(())
 }
