@@ -142,8 +142,11 @@ impl Resume {
     }
 
     /// Rewrite one continuation event (a completion chunk) into `out` in the original
-    /// stream's shape. `chat`: the original is a chat stream. A usage frame's usage counts
-    /// the original prompt once and sums the completion tokens of every engine.
+    /// stream's shape: chat chunks as vLLM's chat serving writes them (`stop_reason` on the
+    /// finish chunk only), completion chunks with every field as vLLM's completion serving
+    /// writes them (`prompt_token_ids` and `usage` null). `chat`: the original is a chat
+    /// stream. A usage frame's usage counts the original prompt once and sums the completion
+    /// tokens of every engine.
     pub(crate) fn rewrite(
         &self,
         ev: &Event<'_>,
@@ -188,14 +191,23 @@ impl Resume {
                 out.extend_from_slice(b",\"stop_reason\":");
                 out.extend_from_slice(&raw_or_null(c.stop_reason));
             }
-            if let Some(ids) = c.token_ids {
+            if !chat {
+                // vLLM's completion chunks carry every field of the choice; the
+                // continuation's prompt IDs are not the client's prompt.
+                out.extend_from_slice(b",\"prompt_token_ids\":null,\"token_ids\":");
+                out.extend_from_slice(&raw_or_null(c.token_ids));
+            } else if let Some(ids) = c.token_ids {
                 out.extend_from_slice(b",\"token_ids\":");
                 out.extend_from_slice(ids.get().as_bytes());
             }
             out.push(b'}');
         }
         out.push(b']');
-        if let (Some(raw), true) = (ev.usage, ev.is_usage_only()) {
+        let usage_frame = ev.usage.filter(|_| ev.is_usage_only());
+        if usage_frame.is_none() && !chat {
+            out.extend_from_slice(b",\"usage\":null");
+        }
+        if let Some(raw) = usage_frame {
             let usage = parse_usage(raw)?;
             let completion = self.base + usage.completion_tokens.unwrap_or(0);
             out.extend_from_slice(

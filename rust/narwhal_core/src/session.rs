@@ -179,11 +179,17 @@ impl StreamSession {
 
     /// Where the answer can be resumed: the continuation's token-ID prompt (a JSON list: the
     /// prompt's IDs, then the generated ones) and the number of generated IDs. None when it
-    /// cannot: not enabled, finished, or the output so far is more than plain generated text.
+    /// cannot: not enabled, finished, failed on the engine's output (only a break or a
+    /// held-back error event can go on), or the output so far is more than plain generated
+    /// text.
     pub fn resume_point(&self) -> Option<(Vec<u8>, u64)> {
         let c = &self.core;
         let r = c.resume.as_ref()?;
-        if c.state == State::Done || !r.ready() {
+        let bad_output = c
+            .failure
+            .as_ref()
+            .is_some_and(|f| !matches!(f, StreamError::Engine(_)));
+        if c.state == State::Done || bad_output || !r.ready() {
             return None;
         }
         Some((r.prompt_json()?, c.ids_total))

@@ -361,8 +361,12 @@ const CONT_LAST: &str = r#"{"id":"cmpl-b","object":"text_completion","created":9
 const CONT_USAGE: &str = r#"{"id":"cmpl-b","object":"text_completion","created":9,"model":"m","choices":[],"usage":{"prompt_tokens":4,"total_tokens":6,"completion_tokens":2}}"#;
 
 fn resumable(assemble: bool, expose: bool) -> StreamSession {
+    resumable_on(Route::Chat, assemble, expose)
+}
+
+fn resumable_on(route: Route, assemble: bool, expose: bool) -> StreamSession {
     let mut s = StreamSession::new(Options {
-        route: Route::Chat,
+        route,
         assemble,
         expose_token_ids: expose,
         drop_usage: false,
@@ -457,4 +461,39 @@ fn structure_or_a_finish_makes_the_answer_unresumable() {
     let mut s = session(false, false, true);
     s.feed(&sse(&[HEAD_ROLE, HEAD_TEXT]));
     assert_eq!(s.resume_point(), None);
+}
+
+#[test]
+fn resume_continues_a_completion_stream_with_every_field() {
+    // vLLM's completion chunks carry every field (`prompt_token_ids` and `usage` null after
+    // the first chunk): the continuation's chunks come out the same way.
+    let first = r#"{"id":"cmpl-a","object":"text_completion","created":7,"model":"m","choices":[{"index":0,"text":"hi","logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":[1,2],"token_ids":[7,8]}],"usage":null}"#;
+    let mut s = resumable_on(Route::Completion, false, true);
+    s.feed(&sse(&[first]));
+    assert_eq!(s.resume_point(), Some((b"[1,2,7,8]".to_vec(), 2)));
+    assert!(s.resume());
+    let (out, n, state) =
+        s.feed(&[sse(&[CONT_LAST, CONT_USAGE]), b"data: [DONE]\n\n".to_vec()].concat());
+    let want = concat!(
+        "data: {\"id\":\"cmpl-a\",\"object\":\"text_completion\",\"created\":7,\"model\":\"m\",\"choices\":[{\"index\":0,\"text\":\"\",\"logprobs\":null,\"finish_reason\":\"stop\",\"stop_reason\":null,\"prompt_token_ids\":null,\"token_ids\":[2]}],\"usage\":null,\"system_fingerprint\":\"fp\"}\n\n",
+        "data: {\"id\":\"cmpl-a\",\"object\":\"text_completion\",\"created\":7,\"model\":\"m\",\"choices\":[],\"usage\":{\"prompt_tokens\":2,\"total_tokens\":6,\"completion_tokens\":4}}\n\n",
+        "data: [DONE]\n\n",
+    );
+    assert_eq!(String::from_utf8(out.to_vec()).unwrap(), want);
+    assert_eq!((n, state), (1, State::Done));
+}
+
+#[test]
+fn a_stream_failed_on_bad_output_cannot_resume() {
+    // The IDs of the failing event are not part of the answer: no resume point that would
+    // count them in the prompt but not in the number generated.
+    let bad_usage = r#"{"choices":[{"index":0,"delta":{"content":"x"},"token_ids":[5]}],"usage":{"completion_tokens":"3"}}"#;
+    let mut s = resumable(false, false);
+    s.feed(&sse(&[HEAD_ROLE, HEAD_TEXT, bad_usage]));
+    assert_eq!(
+        s.failure().map(StreamError::code),
+        Some("malformed_engine_output")
+    );
+    assert_eq!(s.resume_point(), None);
+    assert!(!s.resume());
 }
