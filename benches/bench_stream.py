@@ -121,6 +121,52 @@ def test_assemble_stream(benchmark: Any, impl: str, tokens: int) -> None:
     record(f"assemble {tokens}", impl, benchmark)
 
 
+def continuation_reads(tokens: int, prompt: int) -> list[bytes]:
+    """A /v1/completions token-ID continuation of ``tokens`` chunks, usage, [DONE]."""
+    head = {"id": "cmpl-9a0c4e1b2f3d5a67", "object": "text_completion", "created": 1796228971,
+            "model": HEAD["model"]}
+
+    def chunk(i: int, **kw: Any) -> bytes:
+        choice = {"index": 0, "text": f" word{i % 97}", "logprobs": None, "finish_reason": None,
+                  "stop_reason": None, "prompt_token_ids": None, "token_ids": [2000 + i]} | kw
+        return frame(head | {"choices": [choice], "usage": None})
+
+    usage = {"prompt_tokens": prompt, "total_tokens": prompt + tokens, "completion_tokens": tokens}
+    return [
+        chunk(0, prompt_token_ids=list(range(prompt))),
+        *(chunk(i) for i in range(1, tokens - 1)),
+        chunk(tokens - 1, finish_reason="stop"),
+        frame(head | {"choices": [], "usage": usage}),
+        b"data: [DONE]\n\n",
+    ]
+
+
+@pytest.mark.parametrize("impl", ["rust", "oracle"])
+def test_resumed_stream(benchmark: Any, impl: str) -> None:
+    """A streaming chat answer broken after 32 tokens, resumed on another engine for 32 more:
+    enable_resume, resume_point, resume and the rewriting of every continuation chunk."""
+    broken = stream_reads(32)[:33]  # role chunk and 32 content chunks, no finish
+    cont = continuation_reads(32, 11 + 32)
+    cls = IMPLS[impl]
+
+    def run() -> bytes:
+        s = cls("chat", assemble=False, expose_token_ids=False, drop_usage=False,
+                require_token_ids=True)
+        s.enable_resume()
+        for r in broken:
+            s.feed(r)
+        point = s.resume_point()
+        assert point is not None and s.resume()
+        out = b""
+        for r in cont:
+            out += s.feed(r)[0]
+        return out
+
+    assert b'"completion_tokens":64' in run()
+    benchmark(run)
+    record("resume 32+32", impl, benchmark)
+
+
 def _ratios() -> tuple[list[str], list[str]]:
     """Each case's Rust and oracle medians from this run: report lines and the slow cases."""
     lines, slow = [], []

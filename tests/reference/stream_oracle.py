@@ -25,6 +25,7 @@ from .oracle_json import (
     noun,
     want,
 )
+from .resume_oracle import Resume
 
 MAX_EVENT_BYTES = 16 << 20
 OPEN, DONE, FAILED = 0, 1, 2
@@ -247,6 +248,7 @@ class StreamSession:
         self.out = bytearray()
         self.held = b""  # drop_usage: the last finish event, waiting for a fingerprint
         self.read_count = 0
+        self.resume_state: Resume | None = None  # with enable_resume()
 
     @property
     def output_tokens(self) -> int:
@@ -258,6 +260,35 @@ class StreamSession:
     def started(self) -> bool:
         return self.events > 0
 
+    # -- resuming on another engine (resume_oracle.py) -------------------------------------
+    def enable_resume(self) -> None:
+        """Keep what a continuation needs; hold back an engine error event while the answer
+        can still go on (state failed, code engine_error, nothing written)."""
+        self.resume_state = Resume()
+
+    def resume_point(self) -> tuple[bytes, int] | None:
+        """(the continuation's token-ID prompt as a JSON list, IDs generated so far); None
+        when finished, failed on the engine's output (only a break or a held-back error event
+        can go on), or the answer is more than plain generated text."""
+        r = self.resume_state
+        if r is None or self.state == DONE or not r.ready():
+            return None
+        if self.failure is not None and self.failure[0] != "engine_error":
+            return None
+        return r.prompt_json(), self.ids_total
+
+    def resume(self) -> bool:
+        """Read the continuation engine's completion stream from its first byte on."""
+        if self.resume_point() is None:
+            return False
+        assert self.resume_state is not None
+        self.framer = SseFramer()
+        self.state, self.failure = OPEN, None
+        self.engine_error = self.engine_error_message = None
+        self.resume_state.begin(self.ids_total)
+        return True
+
+    # -- reading the engine ----------------------------------------------------------------
     def feed(self, data: bytes) -> tuple[bytes, int, int]:
         self.out, self.read_count = bytearray(), 0
         if self.state == OPEN:
@@ -285,17 +316,32 @@ class StreamSession:
                 self.out += DONE_BYTES
             return False
         try:
-            self.process(payload, lines)
+            if self.resume_state is not None and self.resume_state.continuing:
+                self.process_continued(payload, lines)
+            else:
+                self.process(payload, lines)
         except StreamError as e:
             self.fail(e)
             return False
         return True
+
+    def process_continued(self, payload: bytes, lines: int) -> None:
+        """A continuation engine's event, in this stream's shape first (errors as they are)."""
+        ev = parse_event(payload)
+        assert self.resume_state is not None
+        if is_error(ev):
+            self.process(payload, lines)
+        else:
+            self.process(self.resume_state.rewrite(ev, self.chat), 1)
 
     def process(self, payload: bytes, lines: int) -> None:
         ev = parse_event(payload)
         if is_error(ev):
             if self.engine_error is None:
                 self.engine_error, self.engine_error_message = payload, error_message(ev)
+            if self.resume_state is not None and self.resume_state.ready():
+                # Held back: the answer may go on on another engine.
+                raise StreamError("engine_error", error_message(ev))
             if not self.assemble:
                 self.release_held()
                 self.out += sse(payload)
@@ -310,6 +356,9 @@ class StreamSession:
             )
         if self.asm is not None:
             self.asm.prepare(ev)
+        if self.resume_state is not None:
+            self.resume_state.accept(ev)  # nothing below fails or has edited the event yet
+        if self.asm is not None:
             self.asm.apply(ev)
         else:
             self.expose_event(payload, ev)
