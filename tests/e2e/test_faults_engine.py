@@ -107,7 +107,7 @@ class Leaks:
 
         def engine_sockets_settled() -> bool:
             engine = [st for port, st in sockets(self.pid).values() if port in self.engine_ports]
-            return "08" not in engine and len(engine) <= 4
+            return "08" not in engine and len(engine) <= 2 * max(2, len(self.engine_ports))
 
         wait_for(engine_sockets_settled, timeout)
         return m

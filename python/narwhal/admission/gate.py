@@ -10,13 +10,18 @@ from collections.abc import Callable
 
 from narwhal._narwhal_fast import Ticket
 from narwhal.errors import Refusal
+from narwhal.fleet.engine import Engine
 from narwhal.learning.occupancy import Demand
 from narwhal.request.deadlines import Deadlines
 from narwhal.request.models import Served
 from narwhal.scheduling.placement import Placement, Scheduler
 
-Waiter = tuple[int, "asyncio.Future[Placement]", "Demand | None"]
-"""(arrival order, the future placed into, what the request asks)."""
+Waiter = tuple[int, "asyncio.Future[Placement]", "Demand | None", "Engine | None"]
+"""(arrival order, the future placed into, what the request asks, an engine it must not be
+placed on)."""
+URGENT_RETRY_S = 0.05
+"""A continuation waiting for a slot also looks again this often (a slot freed in another
+worker wakes this one only while some request is queued on the board)."""
 
 
 class AdmissionQueue:
@@ -30,6 +35,7 @@ class AdmissionQueue:
         self.queues: dict[Served | None, deque[Waiter]] = {}  # by model; none empty
         self.notify_peers: Callable[[], None] | None = None  # other workers' queues
         self._arrivals = 0
+        self._urgent = 0  # continuations wait with orders below every arrival's
 
     async def place(self, ticket: Ticket, deadlines: Deadlines,
                     demand: Demand | None = None) -> tuple[Placement, float]:
@@ -54,7 +60,7 @@ class AdmissionQueue:
         if waiters is None:
             waiters = self.queues[key] = deque()
         self._arrivals += 1
-        waiter = (self._arrivals, future, demand)
+        waiter = (self._arrivals, future, demand, None)
         waiters.append(waiter)
         if self.notify_peers is not None:
             # A peer's release between the failed try above and this enqueue saw nobody
@@ -81,6 +87,43 @@ class AdmissionQueue:
             if not waiters and self.queues.get(key) is waiters:
                 del self.queues[key]
         return placement, loop.time() - start
+
+    async def place_urgent(self, demand: Demand, exclude: Engine, until: float
+                           ) -> Placement | None:
+        """A placement for an answer already under way (a migrated stream's continuation),
+        ahead of every queued request of its model and never on ``exclude``; None when no
+        engine had room by the loop time ``until``."""
+        placement = self.scheduler.try_place(exclude=exclude, demand=demand)
+        if placement is not None:
+            return placement
+        demand.eligible = None
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Placement] = loop.create_future()
+        key = demand.served
+        waiters = self.queues.get(key)
+        if waiters is None:
+            waiters = self.queues[key] = deque()
+        self._urgent -= 1
+        waiter = (self._urgent, future, demand, exclude)
+        waiters.appendleft(waiter)
+        try:
+            while not future.done() and loop.time() < until:
+                await asyncio.wait((future,), timeout=min(URGENT_RETRY_S,
+                                                          max(0.0, until - loop.time())))
+                if not future.done():
+                    self.kick()
+        except BaseException:
+            if future.done() and not future.cancelled() and future.exception() is None:
+                self.scheduler.release(future.result())
+            raise
+        finally:
+            if not future.done():
+                future.cancel()
+                with contextlib.suppress(ValueError):
+                    waiters.remove(waiter)
+            if not waiters and self.queues.get(key) is waiters:
+                del self.queues[key]
+        return future.result() if not future.cancelled() else None
 
     def capacity_freed(self) -> None:
         """A slot of this worker was released: place local waiters, and wake the peers when
@@ -110,8 +153,8 @@ class AdmissionQueue:
                     oldest = waiters
             if oldest is None:
                 break
-            _, head, demand = oldest[0]
-            placement = self.scheduler.try_place(demand=demand)
+            _, head, demand, exclude = oldest[0]
+            placement = self.scheduler.try_place(exclude, demand)
             if placement is None:
                 blocked.add(None if demand is None else demand.served)
                 continue
@@ -121,16 +164,22 @@ class AdmissionQueue:
             del queues[key]
 
     def _place_from(self, waiters: deque[Waiter]) -> None:
+        skipped: list[Waiter] = []  # continuations only the engine they left could take
         while waiters:
-            _, head, demand = waiters[0]
+            waiter = waiters[0]
+            _, head, demand, exclude = waiter
             if head.done():
                 waiters.popleft()
                 continue
-            placement = self.scheduler.try_place(demand=demand)
+            placement = self.scheduler.try_place(exclude, demand)
             if placement is None:
-                return
+                if exclude is None:
+                    break
+                skipped.append(waiters.popleft())
+                continue
             waiters.popleft()
             head.set_result(placement)
+        waiters.extendleft(reversed(skipped))
 
 
 def _expire(future: asyncio.Future[Placement]) -> None:

@@ -105,6 +105,7 @@ class Relay:
         self.resumable = False  # the current attempt's answer may be resumed
         self.asks_usage = False  # the first attempt asked usage (so does a continuation)
         self.migrating: tuple[str, bytes] | None = None  # (reason, body) for run to dispatch
+        self.pending_from: Engine | None = None  # the continuation awaits a slot off this engine
         self.awaiting_first = True  # the attempt's first token has not come
         self._stall: asyncio.TimerHandle | None = None  # token_timeout_s watch, coarse
         self.paused_at: float | None = None  # reading paused by the client's back-pressure
@@ -366,15 +367,24 @@ class Relay:
         if self.first_token_at is None and not self.responder.started:
             return False  # nothing out yet: the retry of a failed first event applies
         point = session.resume_point()
-        if point is None or self.loop.time() >= self.deadlines.total:
+        broken = self.engine
+        why = None
+        if point is None:
+            why = "the answer is not at a point it can resume from"
+        elif self.loop.time() >= self.deadlines.total:
+            why = "the request deadline has passed"
+        elif self.parsed.max_tokens is not None and point[1] >= self.parsed.max_tokens:
+            why = "every token asked for was generated"
+        if why is not None or point is None:
+            log.warning("engine %s broke the stream (%s): not migrated: %s", broken.name,
+                        reason, why)
             return False
         prompt, generated = point
-        limit = self.parsed.max_tokens
-        if limit is not None and generated >= limit:
-            return False
-        placement = self.scheduler.try_place(exclude=self.engine,
-                                             demand=self.placement.track.demand)
-        if placement is None:
+        placement = self.scheduler.try_place(exclude=broken, demand=self.placement.track.demand)
+        if placement is None and not any(e is not broken and e.serves()
+                                         for e in self.scheduler.engines):
+            log.warning("engine %s broke the stream (%s): not migrated: no other engine "
+                        "serves", broken.name, reason)
             return False
         upstream, self.upstream = self.upstream, None
         if upstream is not None:
@@ -383,11 +393,15 @@ class Relay:
             self._stall.cancel()
             self._stall = None
         log.warning("engine %s broke the stream (%s) after %d tokens: continuing on %s",
-                    self.engine.name, reason, generated, placement.engine.name)
+                    broken.name, reason, generated,
+                    "another engine" if placement is None else placement.engine.name)
         self.failure = kind
         self._verdict(kind)
         self._release()
-        self.placement = placement
+        if placement is not None:
+            self.placement = placement
+        else:  # every other engine is full: the continuation waits for a slot, first in line
+            self.pending_from = broken
         self.migrated += 1
         migrations.counts[reason] += 1
         if self.ctx.obs is not None:
@@ -413,6 +427,22 @@ class Relay:
         assert self.migrating is not None and self.session is not None
         reason, body = self.migrating
         self.migrating = None
+        if self.pending_from is not None:
+            broken, self.pending_from = self.pending_from, None
+            until = min(self.deadlines.total, self.loop.time() + self.queue.max_wait_s)
+            placement = await self.queue.place_urgent(self.placement.track.demand, broken,
+                                                      until)
+            if self.outcome is not None:  # the client left or the deadline passed meanwhile
+                if placement is not None:
+                    self.scheduler.release(placement)
+                return
+            if placement is None:
+                assert self.migrations is not None
+                self.migrations.failed[reason] += 1
+                self._fail_stream("engine_error", "The engine stream failed and no other "
+                                  "engine had room for its continuation", "neutral")
+                return
+            self.placement = placement
         engine = self.engine
         self._begin(engine)
         try:
