@@ -12,29 +12,12 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from narwhal.fleet.ha import StaticRole
-from narwhal.fleet.shared_admin import SharedAdmin
+from narwhal.fleet.shared_admin import SharedAdmin, apply_state
 from narwhal.fleet.state import RouterState
 
 log = logging.getLogger("narwhal.cluster")
 
 ADMIN_DOC = "admin"
-
-
-def apply_admin(state: RouterState, shared: dict[str, Any]) -> None:
-    """Take another instance's admin state (idempotent)."""
-    maintenance = state.maintenance
-    waves = set(shared.get("waves", ()))
-    if waves != maintenance.active:
-        maintenance.set(maintenance.active - waves, False)
-        maintenance.set(waves, True)
-    draining = set(shared.get("draining", ()))
-    for engine in maintenance.engines:
-        if engine.draining != (engine.name in draining):
-            maintenance.drain(engine, engine.name in draining)
-    role = shared.get("role")
-    if role is not None and isinstance(state.ha, StaticRole):
-        state.ha.set_role(role)
 
 
 class ClusterAdmin(SharedAdmin):
@@ -59,5 +42,5 @@ class ClusterAdmin(SharedAdmin):
     def received(self, doc: Any) -> None:
         """Another instance's admin state arrived."""
         if isinstance(doc, dict):
-            apply_admin(self.state, doc)
+            apply_state(self.state, doc)
             log.info("admin state from another instance applied: %s", doc)

@@ -59,18 +59,25 @@ class SharedAdmin:
                 shared = orjson.loads(src.read())
         except (OSError, orjson.JSONDecodeError):
             return
-        maintenance = self.state.maintenance
-        waves = set(shared.get("waves", ()))
-        if waves != maintenance.active:
-            maintenance.set(maintenance.active - waves, False)
-            maintenance.set(waves, True)
-        draining = set(shared.get("draining", ()))
-        for engine in maintenance.engines:
-            maintenance.drain(engine, engine.name in draining)
-        role = shared.get("role")
-        if role is not None and isinstance(self.state.ha, StaticRole):
-            self.state.ha.set_role(role)
+        if isinstance(shared, dict):
+            apply_state(self.state, shared)
 
     def unlink(self) -> None:
         with contextlib.suppress(OSError):
             os.unlink(self.path)
+
+
+def apply_state(state: RouterState, shared: dict[str, Any]) -> None:
+    """Make this worker's admin state ``shared`` (a ``snapshot()``; idempotent): the waves
+    under maintenance, the drained engines, the role without a lease backend."""
+    maintenance = state.maintenance
+    waves = set(shared.get("waves", ()))
+    if waves != maintenance.active:
+        maintenance.set(maintenance.active - waves, False)
+        maintenance.set(waves, True)
+    draining = set(shared.get("draining", ()))
+    for engine in maintenance.engines:
+        maintenance.drain(engine, engine.name in draining)
+    role = shared.get("role")
+    if role is not None and isinstance(state.ha, StaticRole):
+        state.ha.set_role(role)
