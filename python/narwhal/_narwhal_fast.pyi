@@ -255,8 +255,9 @@ class SpanEncoder:
     resource and instrumentation scope; the internal spans' IDs come from ``seed``."""
     def __new__(cls, resource: list[tuple[str, object]], scope: str, version: str, *,
                 seed: int) -> SpanEncoder: ...
-    def encode(self, observation: Any) -> bytes:
-        """A finished ``narwhal.observe.observation.Observation``'s spans (read from its
-        attributes by name): ``ScopeSpans.spans`` fields, server span last."""
+    def encode(self, record: tuple[Any, ...]) -> bytes:
+        """A finished request's spans from its ``Observation.span_record()`` (the layout is
+        ``narwhal.observe.observation.SpanRecord``): ``ScopeSpans.spans`` fields, server span
+        last."""
     def request(self, spans: Sequence[bytes]) -> bytes:
         """The ``ExportTraceServiceRequest`` around ``spans`` (``encode`` outputs)."""

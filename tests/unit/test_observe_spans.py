@@ -22,7 +22,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 
 from narwhal._narwhal_fast import SpanEncoder
 from narwhal.config import EngineConfig
-from narwhal.observe.observation import Observation, Observer
+from narwhal.observe.observation import Observation, Observer, SpanRecord
 from narwhal.observe.tracecontext import Sampler
 from reference import otlp_oracle
 
@@ -50,12 +50,15 @@ class Recording:
                                 seed=int.from_bytes(os.urandom(8), "little"))
         self.oracle = otlp_oracle.Encoder(dict(RESOURCE), "narwhal", "0.1.0")
         self.pairs: list[tuple[bytes, bytes]] = []
+        self.finishing: Observation | None = None  # the oracle reads the observation itself
 
     def start(self, headers: dict[str, str]) -> Any:
         return self.sampler.start(headers)
 
-    def encode(self, observation: Observation) -> bytes:
-        got = self.rust.encode(observation)
+    def encode(self, record: SpanRecord) -> bytes:
+        observation = self.finishing
+        assert observation is not None and record == observation.span_record()
+        got = self.rust.encode(record)
         spans = decode(self.rust.request([got])).resource_spans[0].scope_spans[0].spans
         drawn = {s.name: int.from_bytes(s.span_id, "big") for s in spans}
         ids = [drawn.get(name, 0) for name in INTERNAL_SPANS]
@@ -119,6 +122,7 @@ def run(journey: dict[str, Any], tracer: Recording) -> None:
             obs.attempt_end(outcome)
     if stage >= 4:
         obs.output(journey["output_tokens"], 0.5)
+    tracer.finishing = obs
     obs.finish(journey["cls"], journey["reason"], journey["status"])
 
 

@@ -3,11 +3,11 @@
 The flow calls a few hooks through one ``Observation`` per request (arrival, parsed, sized,
 placed, each engine attempt's beginning and verdict, the first token, the output, the end);
 each hook only records a moment or a number. At the end the observation is written out
-once: an access-log line, and, when the request's trace is sampled, its spans, which the Rust
-encoder (``SpanEncoder.encode``) writes from this object's attributes, read by name (the
-oracle is ``tests/reference/otlp_oracle.py``; the unit tests compare the two). With both the
-access log and tracing off there is no ``Observer`` and no observation: each hook in the flow
-is one ``is not None`` check.
+once: an access-log line, and, when the request's trace is sampled, its spans, which the
+Rust encoder (``SpanEncoder.encode``) writes from its ``span_record()`` (the oracle,
+``tests/reference/otlp_oracle.py``, reads this object; the unit tests compare the two). With
+both the access log and tracing off there is no ``Observer`` and no observation: each hook in
+the flow is one ``is not None`` check.
 
 Moments are ``time.monotonic_ns()``; a span's wall-clock time is its moment plus the
 request's offset between the two clocks, taken once at arrival.
@@ -18,7 +18,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 from urllib.parse import urlsplit
 
 from narwhal.config import EngineConfig
@@ -35,6 +36,17 @@ OPERATIONS = {"chat": "chat", "completion": "text_completion"}
 MAX_LOGGED_CHARS = 256
 """Client-chosen values (request id, model) are cut to this many characters in the log."""
 _TRACE_HEADERS = (b"traceparent", b"tracestate")
+_LOW_64 = (1 << 64) - 1
+
+SpanRecord = tuple[
+    tuple[int, int, int, int, bool],  # trace ID high and low bits, parent, server span, sampled
+    tuple[int, int, int, int, int, int, int],  # offset, start, end, parsed, sized, placed, TTFT
+    tuple[str | None, str, str, str, str | None, str],  # model, route, path, class, reason, id
+    tuple[int, int | None, int, float | None],  # status, prompt, output tokens, queue wait
+    Sequence[str],  # placed engines
+    list[tuple[str, str, str, int, int, int, int, str]],  # attempts
+]
+"""A finished request as ``SpanEncoder.encode`` reads it (``Observation.span_record``)."""
 
 
 class Observer:
@@ -43,12 +55,19 @@ class Observer:
     def __init__(self, access_log: AccessLog | None, tracer: Tracer | None) -> None:
         self.access_log = access_log
         self.tracer = tracer
+        # bound once: tracing's per-request cost is mostly Python calls (an observation has a
+        # trace only when there is a tracer)
+        self.sampler = tracer.sampler if tracer is not None else None
+        self.encode_spans: Callable[[SpanRecord], bytes] = (
+            tracer.encoder.encode if tracer is not None else _no_tracer)
+        self.submit_spans: Callable[[bytes], None] = (
+            tracer.submit if tracer is not None else _no_tracer)
 
     def begin(self, request: Request, request_id: str) -> Observation:
         """A completion request's headers are in; ``request_id`` is the ``X-Request-Id``
         every engine attempt carries."""
-        tracer = self.tracer
-        trace = tracer.start(request.headers) if tracer is not None else None
+        sampler = self.sampler
+        trace = sampler.start(request.headers) if sampler is not None else None
         return Observation(self, request, request_id, trace)
 
     async def close(self) -> None:
@@ -58,6 +77,10 @@ class Observer:
             self.access_log.close()
         if self.tracer is not None:
             await asyncio.to_thread(self.tracer.close)
+
+
+def _no_tracer(_: object) -> Any:
+    raise AssertionError("an observation without a tracer has no trace to write out")
 
 
 class _Attempt:
@@ -132,7 +155,7 @@ class Observation:
         self.placed_engines: tuple[str, ...] = ()
         self.attempts: list[_Attempt] = []
         self.finished = False
-        self.migrations: list[str] = []  # why each migration's stream broke, in order
+        self.migrations: tuple[str, ...] = ()  # why each migration's stream broke, in order
         self.cls = ""
         self.reason: str | None = None
         self.status = self.end = 0
@@ -157,10 +180,11 @@ class Observation:
         """An engine attempt opens: the headers it sends, carrying its span's context in
         ``traceparent`` while tracing (otherwise ``headers`` unchanged)."""
         trace = self.trace
-        span_id = new_span_id() if trace is not None else 0
-        self.attempts.append(_Attempt(engine, span_id, time.monotonic_ns()))
         if trace is None:
+            self.attempts.append(_Attempt(engine, 0, time.monotonic_ns()))
             return headers
+        span_id = new_span_id()
+        self.attempts.append(_Attempt(engine, span_id, time.monotonic_ns()))
         out = [h for h in headers if h[0] not in _TRACE_HEADERS]
         out.append((b"traceparent", trace.traceparent(span_id)))
         if trace.state:
@@ -177,7 +201,7 @@ class Observation:
 
     def migrated(self, reason: str) -> None:
         """The answer goes on on another engine (the next attempt) after its stream broke."""
-        self.migrations.append(reason)
+        self.migrations += (reason,)
 
     def first_token(self) -> None:
         if not self.first_token_at:
@@ -197,15 +221,31 @@ class Observation:
         observer = self._observer
         if observer.access_log is not None:
             observer.access_log.write(self._record(cls, reason, status, end))
-        tracer = observer.tracer
-        if tracer is not None and self.trace is not None and self.trace.sampled:
-            # the spans, written by the Rust encoder from this object's attributes
-            tracer.submit(tracer.encoder.encode(self))
+        trace = self.trace
+        if trace is not None and trace.sampled:
+            observer.submit_spans(observer.encode_spans(self.span_record()))
         # The flow's per-request objects (this one among them) can outlive the request in a
         # reference cycle until the garbage collector runs; let go of what is written out so
         # reference counting frees it now (fewer objects for each collection to walk).
         self.attempts.clear()
         self.trace = None
+
+    def span_record(self) -> SpanRecord:
+        """What the Rust encoder (``SpanEncoder.encode``) writes this request's spans from, in
+        the order it reads: a tuple, which it reads faster than this object's attributes."""
+        trace = self.trace
+        assert trace is not None
+        trace_id = trace.trace_id
+        return (
+            (trace_id >> 64, trace_id & _LOW_64, trace.parent_id, trace.span_id, trace.sampled),
+            (self.offset, self.start, self.end, self.parsed_at, self.sized_at, self.placed_at,
+             self.first_token_at),
+            (self.model, self.route, self.path, self.cls, self.reason, self.request_id),
+            (self.status, self.prompt_tokens, self.output_tokens, self.queue_wait_s),
+            self.placed_engines,
+            [(a.engine.name, a.engine.role, a.host, a.port, a.span_id, a.start, a.end,
+              a.outcome) for a in self.attempts],
+        )
 
     # -- figures -----------------------------------------------------------------------------
     def _seconds(self, since: int, until: int) -> float | None:

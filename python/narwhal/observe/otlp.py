@@ -30,7 +30,7 @@ from narwhal._narwhal_fast import SpanEncoder
 log = logging.getLogger("narwhal.tracing")
 
 SEND_EVERY_S = 0.5
-SEND_AFTER = 1024
+SEND_AFTER = 2048
 """Requests queued that wake the export thread before ``SEND_EVERY_S``."""
 MAX_QUEUED = 8192
 """Requests waiting for export; past it new ones are dropped (the collector is down or slow)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 
+_bits = random.getrandbits  # the module's generator (reseeded in a forked child)
 _RATIO_MASK = (1 << 64) - 1
 _HEX = frozenset("0123456789abcdef")
 
@@ -19,7 +20,7 @@ class TraceContext:
     def __init__(self, trace_id: int, parent_id: int, sampled: bool, state: str | None) -> None:
         self.trace_id = trace_id
         self.parent_id = parent_id
-        self.span_id = new_span_id()
+        self.span_id = _bits(64) or 1  # never 0, the invalid ID
         self.sampled = sampled
         self.state = state
 
@@ -29,10 +30,8 @@ class TraceContext:
 
 
 def new_span_id() -> int:
-    span_id = random.getrandbits(64)
-    while not span_id:
-        span_id = random.getrandbits(64)
-    return span_id
+    """A random span ID (never 0, the invalid ID)."""
+    return _bits(64) or 1
 
 
 def parse_traceparent(value: str) -> tuple[int, int, bool] | None:
@@ -69,5 +68,5 @@ class Sampler:
         if parent is not None:
             trace_id, parent_id, sampled = parent
             return TraceContext(trace_id, parent_id, sampled, headers.get("tracestate"))
-        trace_id = random.getrandbits(128) or 1
+        trace_id = _bits(128) or 1
         return TraceContext(trace_id, 0, (trace_id & _RATIO_MASK) < self.bound, None)

@@ -54,13 +54,11 @@ class Tracer:
         self.encoder = SpanEncoder(list(resource.attributes.items()), "narwhal", version,
                                    seed=int.from_bytes(os.urandom(8), "little"))
         self.exporter = OtlpHttpExporter(config.otlp_endpoint, self.encoder)
+        self.submit = self.exporter.submit
+        """Queue a finished request's encoded spans for export (no waiting)."""
 
     def start(self, headers: dict[str, str]) -> TraceContext:
         return self.sampler.start(headers)
-
-    def submit(self, spans: bytes) -> None:
-        """Queue a finished request's encoded spans for export (no waiting)."""
-        self.exporter.submit(spans)
 
     def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
         """Export what is queued and stop the export thread, waiting at most ``timeout_s``

@@ -73,6 +73,7 @@ fn operation(route: &str) -> &'static str {
     }
 }
 
+#[inline]
 fn put_varint(out: &mut Vec<u8>, mut n: u64) {
     while n > 0x7F {
         out.push((n as u8 & 0x7F) | 0x80);
@@ -102,6 +103,7 @@ fn put_message(out: &mut Vec<u8>, tag: u8, body: impl FnOnce(&mut Vec<u8>)) {
     out[at + extra - 1] &= 0x7F;
 }
 
+#[inline]
 fn put_bytes(out: &mut Vec<u8>, tag: u8, bytes: &[u8]) {
     out.push(tag);
     put_varint(out, bytes.len() as u64);
@@ -145,22 +147,58 @@ fn attr_with(out: &mut Vec<u8>, key: &str, value: impl FnOnce(&mut Vec<u8>)) {
     });
 }
 
+/// A short attribute: key and value body (`AnyValue` fields) under 128 bytes together, so
+/// every length is one byte and written up front. False (nothing written) when it is longer.
+#[inline]
+fn attr_short(out: &mut Vec<u8>, key: &str, body: &[u8]) -> bool {
+    let any = body.len();
+    let kv = 2 + key.len() + 2 + any;
+    if kv >= 0x80 {
+        return false;
+    }
+    out.extend_from_slice(&[0x4A, kv as u8, 0x0A, key.len() as u8]);
+    out.extend_from_slice(key.as_bytes());
+    out.extend_from_slice(&[0x12, any as u8]);
+    out.extend_from_slice(body);
+    true
+}
+
 fn attr_str(out: &mut Vec<u8>, key: &str, value: &str) {
-    attr_with(out, key, |out| put_bytes(out, 0x0A, value.as_bytes()));
+    let value = value.as_bytes();
+    let any = 2 + value.len(); // AnyValue.string_value = 1: tag, length, bytes
+    let kv = 2 + key.len() + 2 + any;
+    if kv < 0x80 {
+        out.extend_from_slice(&[0x4A, kv as u8, 0x0A, key.len() as u8]);
+        out.extend_from_slice(key.as_bytes());
+        out.extend_from_slice(&[0x12, any as u8, 0x0A, value.len() as u8]);
+        out.extend_from_slice(value);
+        return;
+    }
+    attr_with(out, key, |out| put_bytes(out, 0x0A, value));
 }
 
 fn attr_int(out: &mut Vec<u8>, key: &str, value: i64) {
-    attr_with(out, key, |out| {
-        out.push(0x18);
-        put_varint(out, value as u64);
-    });
+    let mut body = [0x18u8; 11]; // AnyValue.int_value = 3, then a varint of at most 10
+    let mut used = 1;
+    let mut n = value as u64;
+    while n > 0x7F {
+        body[used] = (n as u8 & 0x7F) | 0x80;
+        n >>= 7;
+        used += 1;
+    }
+    body[used] = n as u8;
+    let body = &body[..used + 1];
+    if !attr_short(out, key, body) {
+        attr_with(out, key, |out| out.extend_from_slice(body));
+    }
 }
 
 fn attr_double(out: &mut Vec<u8>, key: &str, value: f64) {
-    attr_with(out, key, |out| {
-        out.push(0x21);
-        out.extend_from_slice(&value.to_le_bytes());
-    });
+    let mut body = [0x21u8; 9]; // AnyValue.double_value = 4
+    body[1..].copy_from_slice(&value.to_le_bytes());
+    if !attr_short(out, key, &body) {
+        attr_with(out, key, |out| out.extend_from_slice(&body));
+    }
 }
 
 /// An attribute whose value is an array of strings.
@@ -176,7 +214,8 @@ fn attr_strs<'a>(out: &mut Vec<u8>, key: &str, values: impl Iterator<Item = &'a 
 
 /// One span as the encoder writes it (times in nanoseconds since the epoch).
 struct Span<'a> {
-    name: &'a str,
+    /// The name, in parts written one after the other (no string is built for it).
+    name: [&'a str; 3],
     kind: u8,
     span_id: u64,
     parent_id: u64,
@@ -201,7 +240,11 @@ fn put_span(
         if span.parent_id != 0 {
             put_bytes(out, 0x22, &span.parent_id.to_be_bytes());
         }
-        put_bytes(out, 0x2A, span.name.as_bytes());
+        out.push(0x2A);
+        put_varint(out, span.name.iter().map(|p| p.len() as u64).sum());
+        for part in span.name {
+            out.extend_from_slice(part.as_bytes());
+        }
         out.extend_from_slice(&[0x30, span.kind, 0x39]);
         out.extend_from_slice(&(span.start as u64).to_le_bytes());
         out.push(0x41);
@@ -291,15 +334,15 @@ fn varint_len(n: usize) -> usize {
 /// (sizing, admission wait, placement, attempts), the server span last. `ids` are the span
 /// IDs of sizing, admission wait and placement (the others are the record's).
 pub fn request_spans(r: &RequestRecord<'_>, ids: [u64; 3]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(1024 + 256 * r.attempts.len());
+    let mut out = Vec::with_capacity(2048 + 512 * r.attempts.len());
     let trace_id = r.trace_id.to_be_bytes();
     let sampled = r.sampled;
     let (off, end, root) = (r.offset, r.end, r.span_id);
     let or_end = |at: i64| if at != 0 { at } else { end };
     let op = operation(r.route);
     let name = match r.model {
-        None => format!("POST {}", r.path),
-        Some(model) => format!("{op} {model}"),
+        None => ["POST ", r.path, ""],
+        Some(model) => [op, " ", model],
     };
     let gen_ai = |out: &mut Vec<u8>| {
         if let Some(model) = r.model {
@@ -308,7 +351,7 @@ pub fn request_spans(r: &RequestRecord<'_>, ids: [u64; 3]) -> Vec<u8> {
         }
     };
     let internal = |name, span_id, start: i64, stop: i64| Span {
-        name,
+        name: [name, "", ""],
         kind: INTERNAL,
         span_id,
         parent_id: root,
@@ -370,9 +413,9 @@ pub fn request_spans(r: &RequestRecord<'_>, ids: [u64; 3]) -> Vec<u8> {
         let failed = !matches!(outcome, "ok" | "neutral");
         let span = Span {
             name: if r.model.is_some() {
-                &name
+                name
             } else {
-                "narwhal.attempt"
+                ["narwhal.attempt", "", ""]
             },
             kind: CLIENT,
             span_id: attempt.span_id,
@@ -398,7 +441,7 @@ pub fn request_spans(r: &RequestRecord<'_>, ids: [u64; 3]) -> Vec<u8> {
     }
     let error = (failed_class || r.status >= 500).then_some(reason_or_class);
     let span = Span {
-        name: &name,
+        name,
         kind: SERVER,
         span_id: root,
         parent_id: r.parent_id,
@@ -430,12 +473,13 @@ pub fn request_spans(r: &RequestRecord<'_>, ids: [u64; 3]) -> Vec<u8> {
             attr_int(out, "gen_ai.usage.output_tokens", r.output_tokens);
         }
         if !r.attempts.is_empty() {
-            let mut roles: Vec<&str> = r.attempts.iter().map(|a| a.role).collect();
-            roles.sort_unstable();
-            roles.dedup();
+            let attempts = &r.attempts;
+            let legs = (0..attempts.len())
+                .filter(|&i| attempts[..i].iter().all(|a| a.role != attempts[i].role))
+                .count();
             let engines = r.attempts.iter().map(|a| a.engine);
             attr_strs(out, "narwhal.engines", engines);
-            let retries = r.attempts.len() as i64 - roles.len() as i64;
+            let retries = (attempts.len() - legs) as i64;
             attr_int(out, "narwhal.retries", retries);
         } else if !r.placed_engines.is_empty() {
             attr_strs(out, "narwhal.engines", r.placed_engines.iter().copied());

@@ -1,5 +1,5 @@
 //! Python binding of the OTLP span encoder (`SpanEncoder`): reads a finished request's
-//! `Observation` (its attributes, by name) into the core's record, and converts only.
+//! record (`Observation.span_record()`, a tuple) into the core's, and converts only.
 
 use narwhal_core::otlp::{request_spans, AnyValue, AttemptRecord, Encoder, RequestRecord, SpanIds};
 use pyo3::exceptions::PyTypeError;
@@ -7,102 +7,86 @@ use pyo3::prelude::*;
 use pyo3::pybacked::{PyBackedBytes, PyBackedStr};
 use pyo3::types::{PyBool, PyBytes, PyFloat, PyInt, PyString};
 
+/// One engine attempt: `(engine, role, host, port, span_id, start, end, outcome)`.
 #[derive(FromPyObject)]
-struct Trace {
-    #[pyo3(from_py_with = trace_id)]
-    trace_id: u128,
-    parent_id: u64,
-    span_id: u64,
-    sampled: bool,
-}
+struct Attempt(
+    PyBackedStr,
+    PyBackedStr,
+    PyBackedStr,
+    i64,
+    u64,
+    i64,
+    i64,
+    PyBackedStr,
+);
 
-/// A 128-bit trace ID through `int.to_bytes` (PyO3's `u128` under abi3 costs ~2 µs).
-fn trace_id(value: &Bound<'_, PyAny>) -> PyResult<u128> {
-    let bytes = value.call_method1(pyo3::intern!(value.py(), "to_bytes"), (16, "big"))?;
-    let bytes: [u8; 16] = bytes.extract()?;
-    Ok(u128::from_be_bytes(bytes))
-}
+/// A finished request as `Observation.span_record()` gives it (strings borrowed, not copied):
+/// `(trace, moments, texts, figures, placed_engines, attempts)` where `trace` is the trace
+/// ID's high and low 64 bits, the parent and server span IDs and sampled; `moments` the clock
+/// offset, start, end, parsed, sized, placed and first token; `texts` the model, route, path,
+/// outcome class, reason and request ID; `figures` the status, prompt and output tokens and
+/// the queue wait.
+#[derive(FromPyObject)]
+struct Record(
+    (u64, u64, u64, u64, bool),
+    [i64; 7],
+    Texts,
+    (i64, Option<i64>, i64, Option<f64>),
+    Vec<PyBackedStr>,
+    Vec<Attempt>,
+);
 
 #[derive(FromPyObject)]
-struct Engine {
-    name: PyBackedStr,
-    role: PyBackedStr,
-}
+struct Texts(
+    Option<PyBackedStr>,
+    PyBackedStr,
+    PyBackedStr,
+    PyBackedStr,
+    Option<PyBackedStr>,
+    PyBackedStr,
+);
 
-#[derive(FromPyObject)]
-struct Attempt {
-    engine: Engine,
-    host: PyBackedStr,
-    port: i64,
-    span_id: u64,
-    start: i64,
-    end: i64,
-    outcome: PyBackedStr,
-}
-
-/// The attributes of `narwhal.observe.observation.Observation` the spans are made of
-/// (strings borrowed, not copied).
-#[derive(FromPyObject)]
-struct Observation {
-    trace: Trace,
-    offset: i64,
-    start: i64,
-    end: i64,
-    parsed_at: i64,
-    sized_at: i64,
-    placed_at: i64,
-    first_token_at: i64,
-    model: Option<PyBackedStr>,
-    route: PyBackedStr,
-    path: PyBackedStr,
-    cls: PyBackedStr,
-    reason: Option<PyBackedStr>,
-    status: i64,
-    request_id: PyBackedStr,
-    prompt_tokens: Option<i64>,
-    output_tokens: i64,
-    queue_wait_s: Option<f64>,
-    placed_engines: Vec<PyBackedStr>,
-    attempts: Vec<Attempt>,
-}
-
-impl Observation {
+impl Record {
     fn record(&self) -> RequestRecord<'_> {
+        let (high, low, parent_id, span_id, sampled) = self.0;
+        let [offset, start, end, parsed_at, sized_at, placed_at, first_token_at] = self.1;
+        let Texts(model, route, path, cls, reason, request_id) = &self.2;
+        let (status, prompt_tokens, output_tokens, queue_wait_s) = self.3;
         RequestRecord {
-            trace_id: self.trace.trace_id,
-            parent_id: self.trace.parent_id,
-            span_id: self.trace.span_id,
-            sampled: self.trace.sampled,
-            offset: self.offset,
-            start: self.start,
-            end: self.end,
-            parsed_at: self.parsed_at,
-            sized_at: self.sized_at,
-            placed_at: self.placed_at,
-            first_token_at: self.first_token_at,
-            model: self.model.as_deref(),
-            route: &self.route,
-            path: &self.path,
-            cls: &self.cls,
-            reason: self.reason.as_deref(),
-            status: self.status,
-            request_id: &self.request_id,
-            prompt_tokens: self.prompt_tokens,
-            output_tokens: self.output_tokens,
-            queue_wait_s: self.queue_wait_s,
-            placed_engines: self.placed_engines.iter().map(|e| &**e).collect(),
+            trace_id: u128::from(high) << 64 | u128::from(low),
+            parent_id,
+            span_id,
+            sampled,
+            offset,
+            start,
+            end,
+            parsed_at,
+            sized_at,
+            placed_at,
+            first_token_at,
+            model: model.as_deref(),
+            route,
+            path,
+            cls,
+            reason: reason.as_deref(),
+            status,
+            request_id,
+            prompt_tokens,
+            output_tokens,
+            queue_wait_s,
+            placed_engines: self.4.iter().map(|e| &**e).collect(),
             attempts: self
-                .attempts
+                .5
                 .iter()
                 .map(|a| AttemptRecord {
-                    engine: &a.engine.name,
-                    role: &a.engine.role,
-                    host: &a.host,
-                    port: a.port,
-                    span_id: a.span_id,
-                    start: a.start,
-                    end: a.end,
-                    outcome: &a.outcome,
+                    engine: &a.0,
+                    role: &a.1,
+                    host: &a.2,
+                    port: a.3,
+                    span_id: a.4,
+                    start: a.5,
+                    end: a.6,
+                    outcome: &a.7,
                 })
                 .collect(),
         }
@@ -163,15 +147,11 @@ impl PySpanEncoder {
         })
     }
 
-    /// A finished `Observation`'s spans (`ScopeSpans.spans` fields, joined).
-    fn encode<'py>(
-        &mut self,
-        py: Python<'py>,
-        observation: Observation,
-    ) -> PyResult<Bound<'py, PyBytes>> {
+    /// A finished request's spans (`ScopeSpans.spans` fields, joined) from its
+    /// `Observation.span_record()`.
+    fn encode<'py>(&mut self, py: Python<'py>, record: Record) -> Bound<'py, PyBytes> {
         let ids = [self.ids.draw(), self.ids.draw(), self.ids.draw()];
-        let spans = request_spans(&observation.record(), ids);
-        Ok(PyBytes::new(py, &spans))
+        PyBytes::new(py, &request_spans(&record.record(), ids))
     }
 
     /// The `ExportTraceServiceRequest` around `spans` (``encode`` outputs).
