@@ -1,7 +1,7 @@
 """Typed stubs for the Rust extension narwhal._narwhal_fast (checked with mypy.stubtest)."""
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, final
 
 __all__ = [
@@ -171,6 +171,30 @@ class StreamSession:
         malformed_engine_output, unsupported_engine_field) when the stream reported an
         error, failed, ended before [DONE], or a tool call lacks an id or name; ValueError
         when not assembling."""
+    def start_pump(self, writer: Callable[[bytes], object], tally: Any = None) -> None:
+        """Pump the engine's raw chunked body from a chunk boundary on: each pump() writes
+        the client's chunk to ``writer`` (the client transport's write) and adds its tokens
+        to ``tally.tokens`` (an object with an int ``tokens``, read now)."""
+    def stop_pump(self) -> None:
+        """Drop the writer and the tally."""
+    def pump(self, data: bytes) -> int:
+        """One raw engine read of a chunked body (any split): de-chunked and fed as by feed().
+        While the state stays open its output goes to the writer as one chunk of the
+        client's chunked body. Returns flags: 1 the body's last chunk arrived, 2 malformed
+        chunked framing (framing_error says how; with 1: bytes after the end), 4 tokens
+        came while watch_tokens was set (now cleared), 8 the state changed in this read
+        (nothing written, not counted: last_read() holds it), 16 the writer raised (no more
+        writes). 0: nothing for the caller to do."""
+    def last_read(self) -> tuple[bytes, int, int]:
+        """The last feed or pump as feed() returns it (the output unframed)."""
+    watch_tokens: bool
+    """pump() reports (flag 4) the next read with tokens, once."""
+    @property
+    def last_token_at(self) -> float:
+        """time.monotonic() of the last pumped read that had tokens; 0.0 before any."""
+    @property
+    def framing_error(self) -> str | None:
+        """Why pump() found the chunked framing malformed."""
     def enable_resume(self) -> None:
         """Keep what resuming the answer on another engine needs (prompt and generated IDs,
         the first event's id/created/model/index), and stop (state failed, code

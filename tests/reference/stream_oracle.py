@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Iterator
 from typing import Any
 
 from .assemble_oracle import Assembler
+from .chunked_oracle import ChunkedDecoder, ChunkError, frame_chunk
 from .oracle_json import (
     OUTPUT_KEYS,
     U64_MAX,
@@ -29,6 +31,8 @@ from .resume_oracle import Resume
 
 MAX_EVENT_BYTES = 16 << 20
 OPEN, DONE, FAILED = 0, 1, 2
+# pump() flags (narwhal_core::session::pump_flags)
+BODY_ENDED, MALFORMED, TOKENS, STATE, WRITE_FAILED = 1, 2, 4, 8, 16
 DONE_BYTES = b"data: [DONE]\n\n"
 _EOL = re.compile(rb"[\r\n]")
 
@@ -249,6 +253,15 @@ class StreamSession:
         self.held = b""  # drop_usage: the last finish event, waiting for a fingerprint
         self.read_count = 0
         self.resume_state: Resume | None = None  # with enable_resume()
+        # pump(): the engine body's chunked framing, the client's writer, the token tally
+        self.decoder = ChunkedDecoder()
+        self.framing_error: str | None = None
+        self.watch_tokens = False
+        self.writer: Any = None
+        self.tally: Any = None
+        self.tally_tokens = 0
+        self.last_token_at = 0.0
+        self.clock: Any = None  # time.monotonic, unless a test sets another
 
     @property
     def output_tokens(self) -> int:
@@ -291,6 +304,10 @@ class StreamSession:
     # -- reading the engine ----------------------------------------------------------------
     def feed(self, data: bytes) -> tuple[bytes, int, int]:
         self.out, self.read_count = bytearray(), 0
+        self.feed_piece(data)
+        return bytes(self.out), self.read_count, self.state
+
+    def feed_piece(self, data: bytes) -> None:
         if self.state == OPEN:
             try:
                 for payload, lines in self.framer.feed(data):
@@ -298,6 +315,48 @@ class StreamSession:
                         break
             except StreamError as e:
                 self.fail(e)
+
+    # -- pumping the raw chunked body (the fast path) --------------------------------------
+    def start_pump(self, writer: Any, tally: Any = None) -> None:
+        self.tally_tokens = tally.tokens if tally is not None else 0
+        self.writer, self.tally = writer, tally
+        self.decoder, self.framing_error = ChunkedDecoder(), None
+
+    def stop_pump(self) -> None:
+        self.writer = self.tally = None
+
+    def pump(self, data: bytes) -> int:
+        """One raw read of the chunked body: fed as by feed(); while the state stays open the
+        output is written framed as the client's chunk, else left in last_read()."""
+        self.out, self.read_count = bytearray(), 0
+        before, flags = self.state, 0
+        try:
+            self.decoder.feed(data, self.feed_piece)
+        except ChunkError as e:
+            flags |= MALFORMED
+            self.framing_error = str(e)
+        if self.decoder.done:
+            flags |= BODY_ENDED
+        if self.state != before:
+            return flags | STATE
+        tokens = self.read_count
+        if tokens:
+            if self.watch_tokens:
+                self.watch_tokens = False
+                flags |= TOKENS
+            self.last_token_at = (self.clock or time.monotonic)()
+            if self.tally is not None:
+                self.tally_tokens += tokens
+                self.tally.tokens = self.tally_tokens
+        if self.out and self.writer is not None:
+            try:
+                self.writer(frame_chunk(bytes(self.out)))
+            except Exception:
+                self.writer = None
+                flags |= WRITE_FAILED
+        return flags
+
+    def last_read(self) -> tuple[bytes, int, int]:
         return bytes(self.out), self.read_count, self.state
 
     def fail(self, e: StreamError) -> None:

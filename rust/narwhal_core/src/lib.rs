@@ -1,5 +1,6 @@
 //! narwhal_core: the per-token path of the Narwhal router, in plain Rust.
 pub mod assemble;
+pub mod chunked;
 pub mod counters;
 pub mod delta;
 pub mod error;

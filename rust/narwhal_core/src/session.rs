@@ -3,6 +3,7 @@
 use std::str::FromStr;
 
 use crate::assemble::Assembler;
+use crate::chunked::{frame_chunk, ChunkError, ChunkedDecoder};
 use crate::delta::{error_message, parse_event, parse_usage, Delta, Event, UsageInfo};
 use crate::error::StreamError;
 use crate::expose::{
@@ -71,11 +72,43 @@ pub struct Options {
     pub echo: bool,
 }
 
+/// Bits of [`Pumped::flags`]: what a pumped read needs from the caller beyond the write.
+pub mod pump_flags {
+    /// The body's last chunk (and trailers) arrived: the connection may be reused.
+    pub const BODY_ENDED: u32 = 1;
+    /// The chunked framing is malformed (`framing_error` says how): a protocol error.
+    pub const MALFORMED: u32 = 2;
+    /// Tokens arrived while `watch_tokens` was set (it is then cleared).
+    pub const TOKENS: u32 = 4;
+    /// The state left `Open` in this read: nothing was written, `last_read` holds the read.
+    pub const STATE: u32 = 8;
+    /// Set by the binding: the writer failed (the client is gone); nothing more is written.
+    pub const WRITE_FAILED: u32 = 16;
+}
+
+/// What one [`StreamSession::pump`] produced.
+#[derive(Debug)]
+pub struct Pumped<'a> {
+    /// The client's chunk (chunked framing included); empty when nothing is to be written.
+    pub write: &'a [u8],
+    /// The read's tokens (as `feed` counts them) when written here; 0 with `STATE`.
+    pub tokens: u64,
+    /// [`pump_flags`] bits.
+    pub flags: u32,
+}
+
 /// One engine attempt. Feed it every network read; it returns what to write to the client.
 #[derive(Debug)]
 pub struct StreamSession {
     framer: SseFramer,
     core: Core,
+    /// `pump` only: the engine body's chunked framing.
+    decoder: ChunkedDecoder,
+    /// `pump` only: the output framed as one chunk of the client's body.
+    framed: Vec<u8>,
+    framing_error: Option<ChunkError>,
+    /// `pump` reports `TOKENS` for the next read with tokens.
+    pub watch_tokens: bool,
 }
 
 /// Everything but the framer, so the framer's callback can borrow it.
@@ -130,6 +163,10 @@ impl StreamSession {
         };
         StreamSession {
             framer: SseFramer::new(),
+            decoder: ChunkedDecoder::new(),
+            framed: Vec::new(),
+            framing_error: None,
+            watch_tokens: false,
             core: Core {
                 opts,
                 state: State::Open,
@@ -229,6 +266,78 @@ impl StreamSession {
             }
         }
         (&core.out, core.read_count, core.state)
+    }
+
+    /// Start pumping an engine body at a chunk boundary (the start of the body, or a point
+    /// where another decoder left it at the end of a chunk).
+    pub fn start_pump(&mut self) {
+        self.decoder = ChunkedDecoder::new();
+        self.framing_error = None;
+    }
+
+    /// One network read of the engine's chunked body, raw: de-chunked and fed as by `feed`;
+    /// while the state stays `Open`, the output comes back framed as one chunk of the
+    /// client's chunked body. When the state changes, nothing is to be written and
+    /// `last_read` holds what `feed` would have returned.
+    pub fn pump(&mut self, data: &[u8]) -> Pumped<'_> {
+        let StreamSession {
+            framer,
+            core,
+            decoder,
+            framed,
+            framing_error,
+            watch_tokens,
+        } = self;
+        core.out.clear();
+        core.read_count = 0;
+        framed.clear();
+        let before = core.state;
+        let decoded = decoder.feed(data, &mut |piece: &[u8]| {
+            if core.state == State::Open {
+                let r = framer.feed(piece, &mut |payload: &[u8], lines| {
+                    core.on_event(payload, lines)
+                });
+                if let Err(e) = r {
+                    core.fail(e);
+                }
+            }
+        });
+        let mut flags = 0;
+        if decoder.is_done() {
+            flags |= pump_flags::BODY_ENDED;
+        }
+        if let Err(e) = decoded {
+            flags |= pump_flags::MALFORMED;
+            *framing_error = Some(e);
+        }
+        if core.state != before {
+            return Pumped {
+                write: &[],
+                tokens: 0,
+                flags: flags | pump_flags::STATE,
+            };
+        }
+        let tokens = core.read_count;
+        if tokens > 0 && *watch_tokens {
+            *watch_tokens = false;
+            flags |= pump_flags::TOKENS;
+        }
+        frame_chunk(framed, &core.out);
+        Pumped {
+            write: framed,
+            tokens,
+            flags,
+        }
+    }
+
+    /// The last read as `feed` returns it (output unframed, tokens, state).
+    pub fn last_read(&self) -> (&[u8], u64, State) {
+        (&self.core.out, self.core.read_count, self.core.state)
+    }
+
+    /// Why `pump` found the chunked framing malformed, if it did.
+    pub fn framing_error(&self) -> Option<&ChunkError> {
+        self.framing_error.as_ref()
     }
 
     pub fn state(&self) -> State {

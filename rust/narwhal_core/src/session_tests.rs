@@ -497,3 +497,79 @@ fn a_stream_failed_on_bad_output_cannot_resume() {
     assert_eq!(s.resume_point(), None);
     assert!(!s.resume());
 }
+
+fn chunked(body: &[u8], sizes: &[usize]) -> Vec<u8> {
+    let mut wire = Vec::new();
+    let mut rest = body;
+    let mut k = 0;
+    while !rest.is_empty() {
+        let n = sizes[k % sizes.len()].min(rest.len());
+        wire.extend_from_slice(format!("{n:x}\r\n").as_bytes());
+        wire.extend_from_slice(&rest[..n]);
+        wire.extend_from_slice(b"\r\n");
+        rest = &rest[n..];
+        k += 1;
+    }
+    wire.extend_from_slice(b"0\r\n\r\n");
+    wire
+}
+
+#[test]
+fn pump_writes_what_feed_returns_framed_at_every_split() {
+    let body = [
+        sse(&[ROLE, TEXT, IDS_ONLY]),
+        b"data: [DONE]\r\n\r\n".to_vec(),
+    ]
+    .concat();
+    let (want, want_n, _) = {
+        let mut s = session(false, false, true);
+        let (out, n, st) = s.feed(&body);
+        (out.to_vec(), n, st)
+    };
+    let wire = chunked(&body, &[7, 40, 3]);
+    for cut in 0..=wire.len() {
+        let mut s = session(false, false, true);
+        s.start_pump();
+        s.watch_tokens = true;
+        let mut client = Vec::new();
+        let mut tokens = 0;
+        let mut flags = 0;
+        for read in [&wire[..cut], &wire[cut..]] {
+            let p = s.pump(read);
+            client.extend_from_slice(p.write);
+            tokens += p.tokens;
+            flags |= p.flags;
+            if p.flags & pump_flags::STATE != 0 {
+                let (out, n, st) = s.last_read();
+                assert_eq!(st, State::Done);
+                frame_chunk(&mut client, out);
+                tokens += n;
+            }
+        }
+        let mut framed = Vec::new();
+        // the client saw the same bytes, however the reads were cut
+        let mut decoded = ChunkedDecoder::new();
+        decoded
+            .feed(&client, &mut |p: &[u8]| framed.extend_from_slice(p))
+            .unwrap();
+        assert_eq!(framed, want, "cut at {cut}");
+        assert_eq!(tokens, want_n);
+        assert_eq!(
+            flags & !pump_flags::TOKENS,
+            pump_flags::STATE | pump_flags::BODY_ENDED
+        );
+    }
+}
+
+#[test]
+fn pump_reports_bad_framing_and_bytes_after_the_end() {
+    let mut s = session(false, true, true);
+    s.start_pump();
+    let p = s.pump(b"5\r\nhelloX");
+    assert_eq!(p.flags, pump_flags::MALFORMED);
+    assert_eq!(s.framing_error(), Some(&ChunkError::DataEnd));
+    let mut s = session(false, true, true);
+    s.start_pump();
+    let p = s.pump(b"0\r\n\r\nHTTP/1.1");
+    assert_eq!(p.flags, pump_flags::MALFORMED | pump_flags::BODY_ENDED);
+}
