@@ -2,7 +2,8 @@
 the real composition root, HTTP protocol and Rust session, sockets replaced by transports that
 answer on the next tick. ``request_us`` is the whole request; ``dispatch_us`` runs from the
 request's headers to the engine request written. Run:
-``pytest benches/bench_request.py --benchmark-only``.
+``pytest benches/bench_request.py --benchmark-only``. ``test_tracing_cost_per_request``
+compares tracing on and off per request in the same run.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benches.harness.inprocess import Bench
+from benches.harness.inprocess import Bench, tracing_cost
 
 ROUNDS = 30
 BATCH = 100  # requests per round (one run of the loop)
@@ -48,3 +49,29 @@ def test_per_request_cpu(benchmark: Any, bench: Bench) -> None:
     })
     print(f"\n{benchmark.name}: request {request_us:.1f} us, "
           f"dispatch {statistics.median(dispatch) * 1e6:.1f} us (median)")
+
+
+TRACING_BUDGET = 1.25
+"""Tracing on / off, router CPU per request, one-token answers in process: a regression
+guard (it was about 1.5 before spans were encoded in Rust and posted in batches). The
+requirement (tracing costs at most 10 % of router CPU per request) is judged by the harness
+(``--systems narwhal,narwhal-traced``), where a request's CPU includes its whole stream; a
+one-token answer in process is the worst case for a per-request cost, and this shared host's
+noise is several per cent per round."""
+
+
+def test_tracing_cost_per_request(benchmark: Any) -> None:
+    """Tracing on (sample_ratio 1.0, to a local OTLP sink) against off, rounds interleaved
+    in one run (inprocess.tracing_cost: the export thread's CPU is counted too)."""
+    figures: dict[str, Any] = {}
+
+    def measure() -> None:
+        figures.update(tracing_cost(requests=6000, rounds=30))
+
+    benchmark.pedantic(measure, rounds=1, iterations=1)
+    benchmark.extra_info.update(figures)
+    print(f"\ntracing: off {figures['off_us']} us, on {figures['on_us']} us per request "
+          f"(export thread {figures['export_us']} us), ratio {figures['ratio']}, "
+          f"paired {figures['paired_ratio']}")
+    assert figures["exported"] >= figures["requests"]  # every traced request's spans went out
+    assert figures["paired_ratio"] <= TRACING_BUDGET

@@ -20,6 +20,8 @@ from __future__ import annotations
 import asyncio
 import gc
 import statistics
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -229,3 +231,55 @@ def measure(sizing: str | None, requests: int = 3000, rounds: int = 15) -> dict[
                 "requests": per_round * rounds}
     finally:
         bench.close()
+
+
+def tracing_cost(requests: int = 6000, rounds: int = 30) -> dict[str, float]:
+    """Router CPU per request with tracing off and on (``sample_ratio`` 1.0, exporting to a
+    local OTLP sink, ``otlp_sink.py``) in one process: one router configured with tracing,
+    its flow's observer detached for the rounds that measure tracing off (what a config
+    without tracing gives: no observer, one ``is not None`` check per hook), the two kinds of
+    round interleaved. The event loop's CPU per request is the median of its rounds; tracing
+    on adds the export thread's CPU over the whole run per request it exported."""
+    sink = subprocess.Popen([sys.executable, "-m", "benches.harness.otlp_sink"],
+                            stdout=subprocess.PIPE, text=True)
+    bench = None
+    try:
+        assert sink.stdout is not None
+        url = sink.stdout.readline().split()[-1]
+        bench = Bench(None, tracing=url)
+        flow, observer = bench.router.flow, bench.router.observer
+        assert observer is not None and observer.tracer is not None
+        exporter = observer.tracer.exporter
+        bench.run(300)
+        per_round = max(1, requests // rounds)
+        loop_us: dict[str, list[float]] = {"off": [], "on": []}
+        exported, cpu_before = exporter.exported, exporter.cpu_s()
+        for index in range(rounds):
+            for name in (("off", "on") if index % 2 else ("on", "off")):
+                flow.observer = observer if name == "on" else None
+                gc.collect()
+                started = time.thread_time()
+                bench.run(per_round)
+                loop_us[name].append((time.thread_time() - started) / per_round * 1e6)
+        flow.observer = observer
+        traced = rounds * per_round
+        deadline = time.monotonic() + 5.0
+        while exporter.exported - exported < traced and time.monotonic() < deadline:
+            time.sleep(0.05)
+        cpu_after = exporter.cpu_s()
+        sent = exporter.exported - exported
+        export_us = ((cpu_after - cpu_before) / sent * 1e6
+                     if cpu_before is not None and cpu_after is not None and sent else 0.0)
+        off = statistics.median(loop_us["off"])
+        on = statistics.median(loop_us["on"]) + export_us
+        paired = statistics.median(
+            a / b for a, b in zip(loop_us["on"], loop_us["off"], strict=True))
+        return {"off_us": round(off, 1), "on_us": round(on, 1), "export_us": round(export_us, 2),
+                "ratio": round(on / off, 3),
+                "paired_ratio": round(paired + export_us / off, 3),
+                "requests": traced, "exported": sent}
+    finally:
+        if bench is not None:
+            bench.close()
+        sink.kill()
+        sink.wait()

@@ -19,6 +19,8 @@ END = "<!-- harness:end -->"
 ORDER = ("direct", "narwhal", "narwhal-2w", "narwhal-traced", "narwhal-logged", "vllm-router",
          "sglang-router", "litellm")
 OBSERVED = ("narwhal-traced", "narwhal-logged")
+TRACING_BUDGET = 0.10
+"""Issue 18: tracing on (sample_ratio 1.0) costs at most this share of router CPU per request."""
 FIELDS = (
     "added_ttft_p50_ms",
     "added_ttft_p99_ms",
@@ -240,11 +242,13 @@ def _ratios(fig: dict[str, Any], loads: Sequence[str]) -> list[str]:
 
 def _observed(fig: dict[str, Any], loads: Sequence[str]) -> list[str]:
     """Router CPU per answer with tracing (sample_ratio 1.0, to a local OTLP sink) or the
-    access log on, against Narwhal with both off, at each load."""
+    access log on, against Narwhal with both off, at each load (same run); tracing's rows
+    carry the verdict on issue 18's budget."""
     nw = fig["systems"].get("narwhal", {}).get("loads", {})
     rows = [
-        "| system | load | router CPU ms / answer | narwhal (both off) | added |",
-        "|---|---|---|---|---|",
+        "| system | load | router CPU ms / answer | narwhal (both off) | ratio | added "
+        f"| tracing ≤ {TRACING_BUDGET * 100:.0f} % |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name in OBSERVED:
         loads_of = fig["systems"].get(name, {}).get("loads", {})
@@ -253,9 +257,33 @@ def _observed(fig: dict[str, Any], loads: Sequence[str]) -> list[str]:
             if e is None or n is None:
                 continue
             a, b = e.get("cpu_ms_per_request"), n.get("cpu_ms_per_request")
-            added = f"{(a / b - 1) * 100:+.1f}%" if a is not None and b else "-"
-            rows.append(f"| {name} | {load} | {_fmt(a, 3)} | {_fmt(b, 3)} | {added} |")
+            known = a is not None and bool(b)
+            ratio = f"{a / b:.3f}" if known else "-"
+            added = f"{(a / b - 1) * 100:+.1f}%" if known else "-"
+            verdict = "-"
+            if known and name == "narwhal-traced":
+                verdict = "met" if a / b - 1 <= TRACING_BUDGET else "**not met**"
+            rows.append(f"| {name} | {load} | {_fmt(a, 3)} | {_fmt(b, 3)} | {ratio} | {added} "
+                        f"| {verdict} |")
     return rows
+
+
+def _tracing_in_process(fig: dict[str, Any]) -> list[str]:
+    """Tracing off and on in one process, rounds interleaved (inprocess.tracing_cost)."""
+    t = fig.get("in_process_tracing")
+    if not t:
+        return []
+    added = t["ratio"] - 1
+    return ["#### Tracing in one process: router CPU per request, off and on "
+            "(benches/harness/inprocess.py)", "",
+            "One-token streamed answers, the worst case for a per-request cost; one router with "
+            "tracing at sample_ratio 1.0 to a local OTLP sink, its observer detached for the "
+            "rounds that measure tracing off; the event loop's CPU per request is the median of "
+            "its rounds, and tracing on adds the export thread's CPU per request exported.", "",
+            "| tracing off µs | tracing on µs | of which export thread µs | ratio | "
+            "median of paired rounds | requests each |", "|---|---|---|---|---|---|",
+            f"| {t['off_us']} | {t['on_us']} | {t['export_us']} | {t['ratio']:.3f} "
+            f"({added * 100:+.1f} %) | {t['paired_ratio']:.3f} | {t['requests']} |", ""]
 
 
 def _targets(fig: dict[str, Any]) -> list[str]:
@@ -431,6 +459,7 @@ def markdown(
         lines += ["#### Observability: router CPU per answer, tracing or access log on", "",
                   *observed_rows, ""]
     lines += _in_process_section(fig)
+    lines += _tracing_in_process(fig)
     lines += _sizing_section(fig)
     target_rows = _targets(fig) if not w["quick"] else []
     if len(target_rows) > 2:

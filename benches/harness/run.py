@@ -267,6 +267,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         figures["in_process"] = {mode or "default": inprocess.measure(mode)
                                  for mode in (None, "estimate")}
         figures["sizing"] = sizing.accuracy()
+    if not args.quick and "narwhal" in names and "narwhal-traced" in names:
+        _log("tracing off and on, per request in process")
+        figures["in_process_tracing"] = inprocess.tracing_cost()
     if args.out_json:
         args.out_json.write_text(json.dumps(figures, indent=2, sort_keys=False) + "\n")
         _log(f"wrote {args.out_json}")

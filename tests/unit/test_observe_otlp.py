@@ -206,3 +206,20 @@ def test_a_post_takes_what_was_queued_when_the_thread_woke(collector: Collector)
     assert exporter.exported == 3 and exporter.queued == 2
     exporter.send()
     assert exporter.exported == 5 and len(collector.bodies) == 2
+
+
+def test_a_post_holds_at_most_max_post_bytes(collector: Collector,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    port = collector.server_address[1]
+    encoder = Encoder({"service.name": "narwhal"}, "narwhal", "0.1.0")
+    one = encoder.readable(spans()[:1])
+    monkeypatch.setattr(otlp, "MAX_POST_BYTES", 3 * len(one))
+    exporter = OtlpHttpExporter(f"http://127.0.0.1:{port}", exporter_encoder())
+    exporter.close(5.0)
+    for _ in range(7):
+        exporter.submit(one)
+    exporter.send()
+    assert exporter.exported == 7 and exporter.queued == 0
+    sizes = [len(decode(body).resource_spans[0].scope_spans[0].spans)
+             for _, _, body in collector.bodies]
+    assert sizes == [3, 3, 1]

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import http.client
 import logging
+import socket
 import threading
 import time
-from collections import deque
 from collections.abc import Sequence
 from urllib.parse import urlsplit
 
@@ -35,6 +35,8 @@ SEND_AFTER = 2048
 MAX_QUEUED = 8192
 """Requests waiting for export; past it new ones are dropped (the collector is down or slow)."""
 MAX_POST_BYTES = 4 << 20
+SEND_BUFFER_BYTES = 4 << 20
+"""The export socket's send buffer (the kernel caps it at ``net.core.wmem_max``)."""
 _WARN_EVERY_S = 60.0
 
 
@@ -56,7 +58,9 @@ class OtlpHttpExporter:
         self.encoder = encoder
         self.exported = 0  # requests whose spans the collector took
         self.dropped = 0  # requests whose spans were dropped
-        self._queue: deque[bytes] = deque()
+        # A list: the loop appends, the export thread copies and deletes a leading slice;
+        # each is one operation under the GIL, so neither sees the other half done.
+        self._queue: list[bytes] = []
         self._wake = threading.Event()
         self._stopping = False
         self._conn: http.client.HTTPConnection | None = None
@@ -69,6 +73,17 @@ class OtlpHttpExporter:
     def queued(self) -> int:
         """Requests whose spans wait for the export thread."""
         return len(self._queue)
+
+    def cpu_s(self) -> float | None:
+        """CPU seconds the export thread has used (None once it has stopped, or where the
+        platform has no per-thread clock): its share of the router's CPU."""
+        ident = self._thread.ident
+        if ident is None or not self._thread.is_alive():
+            return None
+        try:
+            return time.clock_gettime(time.pthread_getcpuclockid(ident))
+        except (AttributeError, OSError):
+            return None
 
     # -- the event loop's side ----------------------------------------------------------------
     def submit(self, spans: bytes) -> None:
@@ -102,17 +117,16 @@ class OtlpHttpExporter:
 
     def send(self, limit: int | None = None) -> None:
         """Post what is queued (at most ``limit`` requests' spans; None: all), in requests of
-        at most ``MAX_POST_BYTES``."""
+        at most ``MAX_POST_BYTES`` (or one request's spans)."""
         queue = self._queue
-        left = len(queue) if limit is None else limit
-        while queue and left > 0:
-            batch: list[bytes] = []
-            size = 0
-            while queue and left > 0 and size < MAX_POST_BYTES:
-                left -= 1
-                spans = queue.popleft()
-                batch.append(spans)
-                size += len(spans)
+        left = len(queue) if limit is None else min(limit, len(queue))
+        while left > 0:
+            batch = queue[:left]
+            size = sum(map(len, batch))
+            if size > MAX_POST_BYTES and len(batch) > 1:
+                batch = batch[:max(1, len(batch) * MAX_POST_BYTES // size)]
+            del queue[:len(batch)]
+            left -= len(batch)
             self.export(batch)
 
     def export(self, batch: Sequence[bytes]) -> bool:
@@ -131,6 +145,11 @@ class OtlpHttpExporter:
         if conn is None:
             cls = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
             conn = self._conn = cls(self.host, self.port, timeout=self.timeout_s)
+            conn.connect()
+            # room for a whole post in the kernel: sendall then needs one send call, not one
+            # per drained window, each taking the GIL back from the event loop
+            assert conn.sock is not None
+            conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
         conn.request("POST", self.path, body, {"Content-Type": "application/x-protobuf"})
         response = conn.getresponse()
         response.read()
