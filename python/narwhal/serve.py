@@ -164,7 +164,7 @@ def _serve_workers(config: Config, workers: int, extra: str, config_path: str | 
     holder.close()
     for each in (board, *models):
         each.unlink()
-    for suffix in (".admin.json", ".fleet.json", ".fleet.json.lock", ".cluster"):
+    for suffix in (".admin.json", ".fleet.json", ".fleet.json.lock", ".learned.json", ".cluster"):
         with contextlib.suppress(OSError):
             os.unlink(f"{path}{suffix}")
     return status

@@ -133,7 +133,7 @@ def test_reload_adds_and_removes_engines_under_streaming_load(
             results = [f.result(timeout=30) for f in futures]
         # Every stream, those on b included, ended whole: all its tokens, a finish reason.
         assert all(finish == "length" and len(ids) == STREAM_TOKENS for _, finish, ids in results)
-        assert all(engine_names(base) == {"a", "c"} for _ in range(4))  # every worker
+        assert all(engine_names(base) == {"a", "c"} for _ in range(8))  # every worker
         received_b = json.loads(http(b.url, "GET", "/sim/stats")[2])["received"]
         for i in range(6):
             assert stream(base, 100 + i)[1] == "length"
@@ -179,7 +179,7 @@ def test_invalid_reload_changes_nothing(tmp_path: Path, sims: list[Proc],
         status, _, body = admin(base, "/admin/reload")
         assert status == 400
         assert "listen.host" in body["error"]["message"]
-        for _ in range(4):
+        for _ in range(8):
             assert engine_names(base) == {"a", "b"}
             assert engines(base)["b"]["max_decode"] == 256
         assert http(base, "POST", "/v1/chat/completions", {
@@ -209,9 +209,9 @@ def test_admin_adds_and_removes_engines(tmp_path: Path, sims: list[Proc],
         status, _, body = admin(base, "/admin/engines", {"name": "b", "url": b.url,
                                                            "max_decode": 8})
         assert status == 200, body
-        for _ in range(4):
+        for _ in range(8):
             assert engine_names(base) == {"a", "b"}
-        wait_for(lambda: all(engines(base)["b"]["state"] == "healthy" for _ in range(4)), 15)
+        wait_for(lambda: all(engines(base)["b"]["state"] == "healthy" for _ in range(8)), 15)
         assert engines(base)["b"]["max_decode"] == 8
         before = json.loads(http(b.url, "GET", "/sim/stats")[2])["received"]
         send(base, 8)  # least-loaded placement rotates ties: some land on b
@@ -224,7 +224,7 @@ def test_admin_adds_and_removes_engines(tmp_path: Path, sims: list[Proc],
             assert status == 200, body
             results = [f.result(timeout=30) for f in futures]
         assert all(finish == "length" and len(ids) == STREAM_TOKENS for _, finish, ids in results)
-        wait_for(lambda: all(engine_names(base) == {"a"} for _ in range(4)), 10)
+        wait_for(lambda: all(engine_names(base) == {"a"} for _ in range(8)), 10)
         status, _, body = admin(base, "/admin/engines/b", method="DELETE")
         assert status == 404
         # The last engine cannot go: the configuration would have none.
@@ -233,7 +233,7 @@ def test_admin_adds_and_removes_engines(tmp_path: Path, sims: list[Proc],
         # Admin changes are not in the file: a reload goes back to it.
         admin(base, "/admin/engines", {"name": "c", "url": c.url})
         assert admin(base, "/admin/reload")[0] == 200
-        wait_for(lambda: all(engine_names(base) == {"a"} for _ in range(4)), 10)
+        wait_for(lambda: all(engine_names(base) == {"a"} for _ in range(8)), 10)
         delta = counters.settled()
         assert not any(k.startswith("narwhal_failed_total") for k in delta), delta
     finally:
@@ -252,17 +252,17 @@ def test_file_discovery(tmp_path: Path, sims: list[Proc], workers: int) -> None:
         base = router.url
         assert engine_names(base) == {"a"}
         write(listing, [{"name": "a", "url": a.url}, {"name": "b", "url": b.url}])
-        wait_for(lambda: all(engine_names(base) == {"a", "b"} for _ in range(4)), 10)
+        wait_for(lambda: all(engine_names(base) == {"a", "b"} for _ in range(8)), 10)
         write(listing, [{"name": "b", "url": b.url}, {"name": "c", "url": c.url}])
-        wait_for(lambda: all(engine_names(base) == {"b", "c"} for _ in range(4)), 10)
+        wait_for(lambda: all(engine_names(base) == {"b", "c"} for _ in range(8)), 10)
         # An invalid listing changes nothing and is logged.
         write(listing, [{"name": "b", "url": b.url, "max_decode": "lots"}])
         wait_for(lambda: any("discovery file" in line and "not applied" in line
                              for line in router.lines), 10)
         assert engine_names(base) == {"b", "c"}
         wait_for(lambda: all(engines(base)[n]["state"] == "healthy" for n in "bc"
-                             for _ in range(4)), 15)
-        for _ in range(4):
+                             for _ in range(8)), 15)
+        for _ in range(8):
             status, _, body = http(base, "POST", "/v1/chat/completions", {
                 "model": MODEL, "max_tokens": 2,
                 "messages": [{"role": "user", "content": MARK}]})
@@ -284,11 +284,11 @@ def test_admin_engine_changes_reach_every_router_of_a_cluster(tmp_path: Path,
             one, two = (r.url for r in routers)
             status, _, body = admin(one, "/admin/engines", {"name": "b", "url": b.url})
             assert status == 200, body
-            wait_for(lambda: all(engine_names(two) == {"a", "b"} for _ in range(4)), 10)
+            wait_for(lambda: all(engine_names(two) == {"a", "b"} for _ in range(8)), 10)
             status, _, body = admin(two, "/admin/engines/b", method="DELETE")
             assert status == 200, body
-            wait_for(lambda: all(engine_names(one) == {"a"} for _ in range(4)), 10)
-            wait_for(lambda: all(engine_names(two) == {"a"} for _ in range(4)), 10)
+            wait_for(lambda: all(engine_names(one) == {"a"} for _ in range(8)), 10)
+            wait_for(lambda: all(engine_names(two) == {"a"} for _ in range(8)), 10)
         finally:
             for router in routers:
                 router.stop()
@@ -344,16 +344,18 @@ def test_dns_discovery(tmp_path: Path) -> None:
             assert engines(base)["127.0.0.2"]["max_decode"] == 16
             dns.addresses = ["127.0.0.2", "127.0.0.3"]
             wait_for(lambda: all(engine_names(base) == {"127.0.0.2", "127.0.0.3"}
-                                 for _ in range(4)), 10)
+                                 for _ in range(8)), 10)
             assert engines(base)["127.0.0.3"]["url"] == f"http://127.0.0.3:{port}"
-            wait_for(lambda: engines(base)["127.0.0.3"]["state"] == "healthy", 15)
+            wait_for(lambda: all(engines(base)["127.0.0.3"]["state"] == "healthy"
+                                 for _ in range(8)), 15)
             dns.addresses = ["127.0.0.3"]
-            wait_for(lambda: all(engine_names(base) == {"127.0.0.3"} for _ in range(4)), 10)
+            wait_for(lambda: all(engine_names(base) == {"127.0.0.3"} for _ in range(8)), 10)
             counters = Counters(base)
             for _ in range(3):
-                assert http(base, "POST", "/v1/chat/completions", {
+                status, _, body = http(base, "POST", "/v1/chat/completions", {
                     "model": MODEL, "max_tokens": 2,
-                    "messages": [{"role": "user", "content": MARK}]})[0] == 200
+                    "messages": [{"role": "user", "content": MARK}]})
+                assert status == 200, body
             assert counters.settled().get("narwhal_completed_total") == 3
         finally:
             router.stop()

@@ -36,6 +36,17 @@ MIN_TPOT_TOKENS = 3
 """A decode attempt is scored for TPOT when at least this many tokens followed its first read."""
 
 
+def state_file(config: Config | None, shared_path: str | None) -> str | None:
+    """Where learned state is kept: ``state_file`` when configured; else, with several
+    workers, a scratch file beside the shared board (``shared_path``), so a profile one
+    worker made is adopted by the others rather than made again by each (every worker
+    profiling every engine would load the engines N times and keep an added engine joining
+    until the last worker's turn); else nowhere."""
+    if config is not None and config.state_file is not None:
+        return config.state_file
+    return None if shared_path is None else f"{shared_path}.learned.json"
+
+
 class Learning:
     """Receives measurements from the relay and answers projections."""
 
@@ -59,8 +70,7 @@ class Learning:
         self.supervisor = Supervisor(
             self.learned, self.output, self._profiled,
             model=config.default_model if config is not None else "",
-            state_file=config.state_file if config is not None else None,
-            shared_path=shared_path)
+            state_file=state_file(config, shared_path), shared_path=shared_path)
 
     def _profiled(self, engine: Engine) -> None:
         if self.on_profiled is not None:
