@@ -95,6 +95,29 @@ def test_parse_validate_expose(benchmark: Any, impl: str, per_read: int) -> None
 
 
 @pytest.mark.parametrize("impl", ["rust", "oracle"])
+@pytest.mark.parametrize("per_read", [1, 16])
+def test_pump(benchmark: Any, impl: str, per_read: int) -> None:
+    """The fast path: one raw engine read (chunked framing: one chunk per event, as vLLM
+    sends), de-chunked, parsed, validated, exposed, framed and written to the client."""
+    s = IMPLS[impl](
+        "chat", assemble=False, expose_token_ids=False, drop_usage=False, require_token_ids=True
+    )
+    written: list[bytes] = []
+    s.start_pump(written.append)
+    read = b"".join(b"%x\r\n%b\r\n" % (len(e), e) for e in map(content_event, range(per_read)))
+    assert s.pump(read) == 0 and written[0].count(b'"token_ids":null') == per_read
+    benchmark.extra_info["events_per_read"] = per_read
+
+    def pump() -> int:
+        written.clear()
+        flags: int = s.pump(read)
+        return flags
+
+    benchmark(pump)
+    record(f"pump x{per_read}", impl, benchmark)
+
+
+@pytest.mark.parametrize("impl", ["rust", "oracle"])
 @pytest.mark.parametrize("tokens", [1, 64, 4096])
 def test_assemble_stream(benchmark: Any, impl: str, tokens: int) -> None:
     """A non-streaming client: the whole engine stream, one read per event, then finish()."""
@@ -175,7 +198,8 @@ def _ratios() -> tuple[list[str], list[str]]:
         if rust is None or oracle is None:
             continue
         ratio = oracle / rust
-        per_event = rust / int(case.split("x")[1]) if case.startswith("event") else None
+        per_event = (rust / int(case.split("x")[1])
+                     if case.startswith(("event", "pump")) else None)
         extra = f", {per_event * 1e6:.2f} us/event" if per_event else ""
         lines.append(
             f"{case:>14}: rust {rust * 1e6:10.1f} us, oracle {oracle * 1e6:10.1f} us, "

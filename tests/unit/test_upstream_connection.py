@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,7 +13,10 @@ import uvloop
 
 from narwhal.upstream.client import EngineClient, UpstreamError, UpstreamResponse
 from narwhal.upstream.connection import EngineConnection
-from narwhal.upstream.response import FlowControl
+from narwhal.upstream.response import BODY_ENDED, BODY_MALFORMED, FlowControl
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from reference.chunked_oracle import ChunkedDecoder, ChunkError
 
 
 def run(main: Callable[[], Awaitable[Any]], timeout: float = 5.0) -> Any:
@@ -276,5 +281,88 @@ def test_flow_control_release_wakes_drain() -> None:
         flow.release()
         await asyncio.wait_for(waiter, 1.0)
         assert not flow.write_paused
+
+    run(main)
+
+
+class RawSink:
+    """A pump that de-chunks with the reference decoder and records; the flags are its."""
+
+    def __init__(self) -> None:
+        self.decoder = ChunkedDecoder()
+        self.reads: list[bytes] = []
+        self.body: list[bytes] = []
+        self.events: list[int] = []
+
+    def pump(self, data: bytes) -> int:
+        self.reads.append(data)
+        flags = 0
+        try:
+            self.decoder.feed(data, self.body.append)
+        except ChunkError:
+            flags |= BODY_MALFORMED
+        return flags | (BODY_ENDED if self.decoder.done else 0)
+
+
+def test_raw_sink_takes_reads_from_a_chunk_boundary_and_recycles_the_connection() -> None:
+    async def main() -> None:
+        client = EngineClient("http://127.0.0.1:9")
+        conn, transport = connect(client)
+        task = await start(conn)
+        conn.data_received(HEAD + chunk(b"first") + b"5")  # mid size line: not yet
+        resp = await task
+        body: list[bytes] = []
+        ends: list[BaseException | None] = []
+        resp.set_sink(body.append, ends.append)
+        sink = RawSink()
+        assert not resp.set_raw_sink(sink.pump, sink.events.append)
+        conn.data_received(b"\r\nhello\r\n")                # at a boundary now
+        assert resp.set_raw_sink(sink.pump, sink.events.append)
+        conn.data_received(chunk(b"raw"))
+        assert body == [b"first", b"hello"] and sink.body == [b"raw"] and sink.events == []
+        conn.data_received(b"0\r\n\r\n")
+        assert sink.events == [BODY_ENDED] and ends == [None]
+        assert client.idle_connections == 1 and not transport.closing
+        # The next response on the reused connection is parsed from its status line.
+        task = await start(conn)
+        conn.data_received(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        assert await (await task).read_all() == b"ok"
+        await client.close()
+
+    run(main)
+
+
+def test_raw_sink_refused_without_chunked_framing() -> None:
+    async def main() -> None:
+        client = EngineClient("http://127.0.0.1:9")
+        conn, _ = connect(client)
+        task = await start(conn)
+        conn.data_received(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nab")
+        resp = await task
+        resp.set_sink(lambda data: None, lambda exc: None)
+        sink = RawSink()
+        assert not resp.set_raw_sink(sink.pump, sink.events.append)
+        conn.abort()
+
+    run(main)
+
+
+def test_raw_bad_framing_is_a_protocol_error_and_junk_after_the_end_drops_the_socket() -> None:
+    async def main() -> None:
+        client = EngineClient("http://127.0.0.1:9")
+        for wire, error in ((b"5\r\nhelloX", "protocol"), (b"0\r\n\r\nHTTP/1.1", None)):
+            conn, transport = connect(client)
+            task = await start(conn)
+            conn.data_received(HEAD)
+            resp = await task
+            ends: list[BaseException | None] = []
+            resp.set_sink(lambda data: None, ends.append)
+            sink = RawSink()
+            assert resp.set_raw_sink(sink.pump, sink.events.append)
+            conn.data_received(wire)
+            assert len(ends) == 1 and transport.closing
+            end = ends[0]
+            assert (end.kind if isinstance(end, UpstreamError) else end) == error
+            assert client.idle_connections == 0
 
     run(main)

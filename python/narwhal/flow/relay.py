@@ -1,7 +1,11 @@
 """One placed request's engine attempts: dispatch, retry before headers, relay or assemble, end.
 
-The per-token path is :meth:`Relay._on_data`: one Rust call per engine network read
-(``StreamSession.feed``) and at most one write to the client, with no awaits.
+The per-token path: once the answer to the client has started, each engine network read
+of a chunked body goes from the engine connection straight to ``StreamSession.pump`` (Rust
+de-chunks, parses, validates, rewrites, frames the client's chunk and writes it to the client
+transport; no Python frame); :meth:`Relay._on_pump` runs only for rare events (the first
+token, the stream's end or failure). Before that, and for bodies that are not chunked,
+:meth:`Relay._on_data` does the same per read from de-chunked bytes (``StreamSession.feed``).
 
 Every attempt gets exactly one verdict for its engine's outlier detection
 (``engine.breaker.record``): ``ok`` when the engine answered properly, a failure kind when
@@ -44,13 +48,22 @@ from narwhal.upstream.client import UpstreamResponse
 log = logging.getLogger("narwhal.relay")
 
 _OPEN, _DONE, _FAILED = 0, 1, 2
+# StreamSession.pump flags beyond the connection's own (narwhal_core::session::pump_flags)
+_PUMP_TOKENS, _PUMP_STATE = 4, 8
 _RETRYABLE_STREAM_FAILURES = frozenset({"engine_error", "malformed_engine_output"})
 """Failures of an attempt's first event that another engine may not repeat."""
 _DONE_EVENT = b"data: [DONE]\n\n"
 
 
+def _no_write(data: bytes) -> None:
+    """The pump's writer while assembling: an assembled answer writes nothing per read."""
+
+
 class Relay:
     """Runs a placed request to its one terminal outcome."""
+
+    fast_reads = True
+    """Pump streamed reads raw (``StreamSession.pump``); the benchmark turns it off."""
 
     def __init__(
         self,
@@ -110,6 +123,8 @@ class Relay:
         self._stall: asyncio.TimerHandle | None = None  # token_timeout_s watch, coarse
         self.paused_at: float | None = None  # reading paused by the client's back-pressure
         self.stall_from = 0.0  # the token timeout also counts from here (resumed reading)
+        self.pumping = False  # the engine's reads go to session.pump (the fast path)
+        self.can_pump = False  # the engine's body is chunked: pumping may start
 
     @property
     def engine(self) -> Engine:
@@ -188,8 +203,47 @@ class Relay:
         return False
 
     def _read_from(self, opened: UpstreamResponse) -> None:
+        self.pumping = False
+        self.can_pump = self.fast_reads and opened.headers.get("transfer-encoding") == "chunked"
         self.responder.set_flow_listener(self._pause, self._resume)
         opened.set_sink(self._on_data, self._on_end)
+
+    def _start_pump(self) -> None:
+        """Move the engine's reads to the fast path: the response to the client has started
+        (its head is out) or is assembled, and the connection stands at a chunk boundary.
+        Tried after each read until it takes."""
+        upstream, session = self.upstream, self.session
+        if upstream is None or session is None or self.outcome is not None:
+            return
+        if self.parsed.stream:
+            writer = self.responder.raw_writer()
+            if writer is None:
+                return
+        else:
+            writer = _no_write
+        session.start_pump(writer, self.placement.track)
+        session.watch_tokens = self.awaiting_first
+        if upstream.set_raw_sink(session.pump, self._on_pump):
+            self.pumping = True
+        else:
+            session.stop_pump()
+
+    def _on_pump(self, flags: int) -> None:
+        """A pumped read needs Python: its state changed, or the first token came."""
+        session = self.session
+        if session is None or self.outcome is not None:
+            return
+        if flags & _PUMP_STATE:
+            self._after_read(*session.last_read())
+        elif flags & _PUMP_TOKENS:
+            self._first_token(self.loop.time())
+
+    def _last_token(self) -> float:
+        """The time of the last token read, on either path."""
+        session = self.session
+        if session is None:
+            return self.last_token_at
+        return max(self.last_token_at, session.last_token_at)
 
     def _pause(self) -> None:
         if self.upstream is not None:
@@ -268,7 +322,11 @@ class Relay:
         session = self.session
         if session is None or self.outcome is not None:
             return
-        out, tokens, state = session.feed(data)
+        self._after_read(*session.feed(data))
+        if self.can_pump and not self.pumping and self.outcome is None:
+            self._start_pump()
+
+    def _after_read(self, out: bytes, tokens: int, state: int) -> None:
         if tokens:
             self.placement.track.tokens += tokens
             now = self.loop.time()
@@ -475,7 +533,7 @@ class Relay:
         limit = self.engine.config.token_timeout_s
         if limit is None or self._stall is not None or self.outcome is not None:
             return
-        self._stall = self.loop.call_at(max(self.last_token_at, self.stall_from) + limit,
+        self._stall = self.loop.call_at(max(self._last_token(), self.stall_from) + limit,
                                         self._check_stall)
 
     def _check_stall(self) -> None:
@@ -484,7 +542,7 @@ class Relay:
         if self.outcome is not None or self.upstream is None or limit is None:
             return
         now = self.loop.time()
-        due = max(self.last_token_at, self.stall_from) + limit
+        due = max(self._last_token(), self.stall_from) + limit
         if self.paused_at is not None or now < due:  # progress, or our client is slow
             self._stall = self.loop.call_at(max(due, now + limit / 4), self._check_stall)
             return
@@ -622,11 +680,12 @@ class Relay:
             return
         tokens = session.output_tokens
         board.observe("output_tokens", float(tokens))
-        decode_s = self.last_token_at - self.first_token_at
+        last_token_at = self._last_token()
+        decode_s = last_token_at - self.first_token_at
         if self.ctx.obs is not None:
             self.ctx.obs.output(tokens, decode_s)
         if tokens > 1 and decode_s > 0:
             board.observe("tpot", decode_s / (tokens - 1))
         self.learning.on_end(
-            self.placement.track, self.last_token_at, completed=self.outcome == ("completed", None)
+            self.placement.track, last_token_at, completed=self.outcome == ("completed", None)
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -63,6 +64,8 @@ class Connection(Protocol):
     """What a responder needs from its client connection (``server.http.HttpProtocol``)."""
 
     flow: FlowControl
+    transport: asyncio.Transport | None
+    closing: bool
 
     def transport_write(self, data: bytes) -> None: ...
 
@@ -166,6 +169,17 @@ class Responder:
             tail = b"%x\r\n%b\r\n%b" % (len(data), data, _CHUNK_END) if data else _CHUNK_END
             self._conn.transport_write(head + tail if head is not None else tail)
         self._conn.exchange_done(self)
+
+    def raw_writer(self) -> Callable[[bytes], object] | None:
+        """The client transport's own ``write``, for body chunks framed by the caller (the
+        relay's fast path), once the head is out; None before, or when the client is gone.
+        Writes through it skip the checks of :meth:`write`: the caller stops at disconnect."""
+        conn = self._conn
+        transport = conn.transport
+        if (not self.started or self._head is not None or self.complete or self.disconnected
+                or conn.closing or transport is None):
+            return None
+        return transport.write
 
     # -- flow control and failure ----------------------------------------------------------
     @property

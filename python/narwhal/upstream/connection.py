@@ -11,8 +11,12 @@ import httptools
 
 from narwhal.http1 import merge_headers
 from narwhal.upstream.response import (
+    BODY_ENDED,
+    BODY_MALFORMED,
     DataSink,
+    EventSink,
     FlowControl,
+    RawSink,
     UpstreamError,
     UpstreamResponse,
 )
@@ -53,7 +57,9 @@ class EngineConnection(asyncio.Protocol):
     """An ``asyncio.Protocol`` that is also the httptools callback sink; callbacks never await."""
 
     __slots__ = (
+        "_boundary",
         "_busy",
+        "_chunked",
         "_client",
         "_closing",
         "_complete",
@@ -64,12 +70,15 @@ class EngineConnection(asyncio.Protocol):
         "_keep_alive",
         "_lost",
         "_on_data",
+        "_on_event",
         "_parser",
         "_pieces",
+        "_pump",
         "_raw_headers",
         "_response",
         "_served",
         "_status",
+        "_tail_crlf",
         "_transport",
         "_until_close",
         "_waiter",
@@ -103,6 +112,12 @@ class EngineConnection(asyncio.Protocol):
         self._complete = False
         self._pieces: list[bytes] = []
         self._on_data: DataSink = _discard
+        # raw-body mode (set_raw_sink): the rest of a chunked body goes to _pump unparsed
+        self._chunked = False
+        self._boundary = False                # httptools stands at a chunk boundary...
+        self._tail_crlf = False               # ...if the last read also ended in CRLF
+        self._pump: RawSink | None = None
+        self._on_event: EventSink | None = None
         # httptools looks its callbacks up once, here: on_body is the list's own append
         self.on_body: DataSink = self._pieces.append
         self._parser: _ResponseParser = httptools.HttpResponseParser(self)
@@ -122,7 +137,18 @@ class EngineConnection(asyncio.Protocol):
         if not self._busy:
             self.close()                      # bytes nobody asked for: never reuse this socket
             return
+        pump = self._pump
+        if pump is not None:                  # raw-body mode: no parser, no Python frame
+            try:
+                flags = pump(data)
+            except Exception as exc:
+                self._sink_failed(exc)
+                return
+            if flags:
+                self._raw_event(flags)
+            return
         self._got_bytes = True
+        self._tail_crlf = data[-2:] == b"\r\n"
         try:
             self._parser.feed_data(data)
         except Exception as exc:              # HttpParserError, HttpParserUpgrade
@@ -143,6 +169,7 @@ class EngineConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
         self._busy = False
+        self._pump = self._on_event = None
         self._cancel_timers()
         self._flow.release()
         self._client.connection_lost(self)
@@ -174,6 +201,18 @@ class EngineConnection(asyncio.Protocol):
         """Deliver the rest of the body to ``on_data`` (one call per network read)."""
         self._on_data = on_data
 
+    def set_raw_sink(self, pump: RawSink, on_event: EventSink) -> bool:
+        """From now on, hand each read of this chunked body to ``pump`` unparsed. ``pump``
+        decodes the chunked framing and returns flags (BODY_ENDED, BODY_MALFORMED, bits of
+        its own); non-zero flags go to ``on_event``, then the connection acts on its two.
+        Only where httptools stands at a chunk boundary (False otherwise: try again after
+        another read)."""
+        if (not self._chunked or not self._busy or self._complete or self._closing
+                or not (self._boundary and self._tail_crlf) or self._response is None):
+            return False
+        self._pump, self._on_event = pump, on_event
+        return True
+
     def pause_reading(self) -> None:
         """Stop reading from the engine (the client is slow)."""
         self._flow.pause_reading()
@@ -185,6 +224,12 @@ class EngineConnection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._raw_headers.append((name, value))
+
+    def on_chunk_header(self) -> None:
+        self._boundary = False
+
+    def on_chunk_complete(self) -> None:
+        self._boundary = True
 
     def on_headers_complete(self) -> None:
         status = self._parser.get_status_code()
@@ -203,6 +248,8 @@ class EngineConnection(asyncio.Protocol):
         self._until_close = (not head and status not in (204, 304)
                              and "content-length" not in headers
                              and "transfer-encoding" not in headers)
+        self._chunked = self._boundary = (not head
+                                          and headers.get("transfer-encoding") == "chunked")
         resp = UpstreamResponse(self, status, headers)
         self._response = resp
         self._on_data = resp.pending.append
@@ -262,6 +309,7 @@ class EngineConnection(asyncio.Protocol):
         self._complete = False
         self._pieces.clear()
         self._on_data = _discard
+        self._pump = self._on_event = None
         self._transport.abort()
 
     def close(self) -> None:
@@ -280,6 +328,10 @@ class EngineConnection(asyncio.Protocol):
         self._complete = False
         self._busy = False
         self._on_data = _discard
+        if self._pump is not None:            # httptools still thinks it is in that body
+            self._parser = httptools.HttpResponseParser(self)
+            self._pump = self._on_event = None
+        self._chunked = False
         if (reuse and self._keep_alive and not self._closing
                 and self._transport.get_write_buffer_size() == 0):
             self._served += 1
@@ -289,6 +341,29 @@ class EngineConnection(asyncio.Protocol):
             self.close()
         if resp is not None:
             resp.finish(None)
+
+    def _raw_event(self, flags: int) -> None:
+        """A raw read's flags: the sink's event first, then the body's end or bad framing."""
+        on_event = self._on_event
+        if on_event is not None:
+            try:
+                on_event(flags)
+            except Exception as exc:
+                self._sink_failed(exc)
+                return
+        if self._pump is None:                # the sink ended the exchange meanwhile
+            return
+        if flags & BODY_MALFORMED:
+            if flags & BODY_ENDED:            # a whole body, then junk: keep the response
+                self._message_done(reuse=False)
+                return
+            resp = self._response
+            self.abort()
+            if resp is not None:
+                resp.finish(UpstreamError("protocol", "malformed response: bad chunked framing",
+                                          before_headers=False))
+        elif flags & BODY_ENDED:
+            self._message_done(reuse=True)
 
     def _header_timeout(self) -> None:
         self._header_timer = None

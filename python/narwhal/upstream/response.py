@@ -10,6 +10,14 @@ from narwhal.http1 import WriteGate
 
 DataSink = Callable[[bytes], None]
 EndSink = Callable[[BaseException | None], None]
+RawSink = Callable[[bytes], int]
+"""Takes a raw read of a chunked body; returns flags (0: nothing to do)."""
+EventSink = Callable[[int], None]
+
+BODY_ENDED = 1
+"""Raw-sink flag: the body's last chunk arrived (the connection may be reused)."""
+BODY_MALFORMED = 2
+"""Raw-sink flag: the chunked framing is malformed (with BODY_ENDED: bytes after the end)."""
 
 
 class UpstreamError(Exception):
@@ -63,6 +71,8 @@ class BodySource(Protocol):
     loop: asyncio.AbstractEventLoop
 
     def set_body_sink(self, on_data: DataSink) -> None: ...
+
+    def set_raw_sink(self, pump: RawSink, on_event: EventSink) -> bool: ...
 
     def pause_reading(self) -> None: ...
 
@@ -158,6 +168,13 @@ class UpstreamResponse:
             if timer is not None:
                 timer.cancel()
         return b"".join(parts)
+
+    def set_raw_sink(self, pump: RawSink, on_event: EventSink) -> bool:
+        """After :meth:`set_sink`: hand the rest of a chunked body to ``pump`` raw, framing
+        included (``EngineConnection.set_raw_sink``). False: not now (not chunked, not at a
+        chunk boundary, over); the data sink goes on."""
+        conn = self._conn
+        return conn is not None and self._sunk and conn.set_raw_sink(pump, on_event)
 
     def pause_reading(self) -> None:
         """Stop reading from the engine (the client is slow)."""
