@@ -51,9 +51,9 @@ def test_per_request_cpu(benchmark: Any, bench: Bench) -> None:
           f"dispatch {statistics.median(dispatch) * 1e6:.1f} us (median)")
 
 
-TRACING_BUDGET = 1.25
+TRACING_BUDGET = 1.30
 """Tracing on / off, router CPU per request, one-token answers in process: a regression
-guard (it was about 1.5 before spans were encoded in Rust and posted in batches). The
+guard (it was 1.5 to 2 before spans were encoded in Rust and posted in batches). The
 requirement (tracing costs at most 10 % of router CPU per request) is judged by the harness
 (``--systems narwhal,narwhal-traced``), where a request's CPU includes its whole stream; a
 one-token answer in process is the worst case for a per-request cost, and this shared host's
