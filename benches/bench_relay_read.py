@@ -1,10 +1,13 @@
 """Router CPU per relayed engine read, in one process: streamed answers of many one-token
 reads through the real engine connection, relay, Rust session and client responder (the
-composition root of ``benches/harness/inprocess.py``, sockets replaced). Each engine read
-is delivered on its own loop tick, as a socket read would be.
+composition root of ``benches/harness/inprocess.py``, sockets replaced). The engine's reads
+are handed to the connection one ``data_received`` call each: the first (head and role
+event), then, a loop turn later (the relay has taken the response), the others back to back
+(so the figure is the router's work per read, not the loop's), stopping while the router
+pauses reading.
 
 ``read_us`` is (CPU of a 257-read answer - CPU of a 2-read answer) / 255: what one more
-engine read costs, loop tick included. With ``Relay.fast_reads`` the streamed reads go
+engine read costs. With ``Relay.fast_reads`` the streamed reads go
 socket -> ``StreamSession.pump`` -> client transport; without, through the Python path.
 Rounds of the two modes are interleaved. Run: ``pytest benches/bench_relay_read.py
 --benchmark-only -s`` or ``python -m benches.bench_relay_read``.
@@ -56,22 +59,39 @@ def answer(tokens: int) -> list[bytes]:
 
 
 class StreamingEngine(EngineTransport):
-    """Answers a completion with ``bench.reads``, one read per loop tick."""
+    """Answers a completion with ``bench.reads``, one ``data_received`` per read; stops
+    sending while its reading is paused (the router's back-pressure)."""
+
+    paused = False
+    next_read: int | None = None  # the read held back by a pause
 
     def write(self, data: Any) -> None:
         if not data.startswith(b"POST /v1/"):
             super().write(data)
             return
         self.bench.dispatched(bytes(data))
-        self._feed(0)
+        self.conn.data_received(self.bench.reads[0])  # type: ignore[attr-defined]
+        self.loop.call_soon(self._feed, 1)  # once the relay has taken the response
+
+    def pause_reading(self) -> None:
+        self.paused = True
+        self.bench.pauses = getattr(self.bench, "pauses", 0) + 1
+
+    def resume_reading(self) -> None:
+        self.paused = False
+        if self.next_read is not None:
+            i, self.next_read = self.next_read, None
+            self.loop.call_soon(self._feed, i)
 
     def _feed(self, i: int) -> None:
         reads: list[bytes] = self.bench.reads  # type: ignore[attr-defined]
-        if self.closing:
-            return
-        self.conn.data_received(reads[i])
-        if i + 1 < len(reads):
-            self.loop.call_soon(self._feed, i + 1)
+        receive = self.conn.data_received
+        while i < len(reads) and not self.closing:
+            if self.paused:
+                self.next_read = i
+                return
+            receive(reads[i])
+            i += 1
 
 
 def _connect(bench: Bench) -> Any:
@@ -101,7 +121,7 @@ def cpu_per_request(bench: Bench, tokens: int, requests: int) -> float:
     return spent / requests
 
 
-def measure(rounds: int = 15, requests: int = 20) -> dict[str, float]:
+def measure(rounds: int = 15, requests: int = 40) -> dict[str, float]:
     """Median CPU per added engine read, fast path and Python path interleaved."""
     bench = make_bench()
     per_read: dict[bool, list[float]] = {True: [], False: []}

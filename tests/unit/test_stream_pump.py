@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -147,3 +148,61 @@ def test_a_failing_writer_stops_writing() -> None:
         assert s.pump(framed) == stream_oracle.WRITE_FAILED
         assert s.pump(framed) == 0
         assert len(calls) == 1
+
+
+# -- the fast path in the real router (in process, sockets replaced) -----------------------
+
+def relay_answers(fast: bool, tokens: int, pause_at: int | None = None) -> tuple[bytes, int, int]:
+    """The client's bytes for a streamed answer of ``tokens`` one-token reads (the engine of
+    ``benches/bench_relay_read.py``), the engine reads the relay saw in Python
+    (``Relay._on_data`` calls), and the times the engine was paused. ``pause_at``: the
+    client stops reading after that many events, for 10 ms."""
+    from benches import bench_relay_read
+
+    from narwhal.flow.relay import Relay
+
+    python_reads = 0
+    original = Relay._on_data
+
+    def counting(self: Relay, data: bytes) -> None:
+        nonlocal python_reads
+        python_reads += 1
+        original(self, data)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Relay, "_on_data", counting)
+        mp.setattr(Relay, "fast_reads", fast)
+        bench = bench_relay_read.make_bench()
+        try:
+            python_reads = 0
+            bench.pauses = 0  # type: ignore[attr-defined]
+            bench.reads = bench_relay_read.answer(tokens)  # type: ignore[attr-defined]
+            if pause_at is not None:
+                client, protocol = bench.transport, bench.protocol
+                write = client.write
+
+                def slow_write(data: Any) -> None:
+                    write(data)
+                    if client.data.count(b"data: ") == pause_at:
+                        protocol.pause_writing()
+                        bench.loop.call_later(0.01, protocol.resume_writing)
+
+                mp.setattr(client, "write", slow_write)
+            bench.run(1)
+            return bytes(bench.transport.data), python_reads, bench.pauses  # type: ignore[attr-defined]
+        finally:
+            bench.close()
+
+
+def test_the_router_answers_the_same_bytes_on_the_fast_path() -> None:
+    fast, python_reads, _ = relay_answers(True, 40)
+    slow, all_reads, _ = relay_answers(False, 40)
+    assert fast == slow and fast.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n")
+    assert all_reads == 43  # role, 40 words, finish, [DONE]
+    assert python_reads == 1  # the first read starts the client's answer; the rest pump
+
+
+def test_back_pressure_pauses_the_engine_on_the_fast_path() -> None:
+    answer, python_reads, pauses = relay_answers(True, 40, pause_at=10)
+    assert pauses == 1 and python_reads == 1
+    assert answer == relay_answers(False, 40)[0]
