@@ -18,6 +18,9 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from stream_helpers import DONE, IMPLS, cc, ch, chat, completion, dumps, role, session, sse
 
+from reference import stream_oracle
+from reference.chunked_oracle import ChunkedDecoder
+
 EXAMPLES = int(os.environ.get("NARWHAL_PROP_EXAMPLES", "150"))
 SETTINGS = settings(
     max_examples=EXAMPLES,
@@ -322,3 +325,58 @@ def test_the_error_event_is_held_back_and_a_continuation_may_break_again(
     out, n, state = s.feed(sse(completion([cc(" b", token_ids=[2], finish_reason="stop")])))
     assert (n, state, s.output_tokens) == (1, 1, 4) and out.endswith(DONE)
     assert s.resume_point() is None
+
+
+def run_pumped(cls: Any, route: str, opts: dict[str, Any],
+               hops: list[list[bytes]]) -> tuple[dict[str, Any], list[bytes]]:
+    """As ``run``, each engine's reads sent raw (one chunk per read, the last chunk after the
+    last) through start_pump/pump: the flags, what each hop wrote and the state change's read;
+    and the client's bytes per hop, de-chunked."""
+    s = cls(route, **opts)
+    s.enable_resume()
+    seen: list[Any] = []
+    client: list[bytes] = []
+    for hop, reads in enumerate(hops):
+        if hop:
+            seen.append((s.resume_point(), s.failure and s.failure[0], s.engine_error))
+            if not s.resume():
+                seen.append(False)
+                break
+        written: list[bytes] = []
+        s.start_pump(written.append)
+        wire = [b"%x\r\n%b\r\n" % (len(r), r) for r in reads if r] + [b"0\r\n\r\n"]
+        flags, out = [], b""
+        for r in wire:
+            flags.append(s.pump(r))
+            if flags[-1] & stream_oracle.STATE:
+                out_state = s.last_read()
+                seen.append(out_state)
+                out += b"".join(dechunk(w) for w in written) + out_state[0]
+                written.clear()
+        out += b"".join(dechunk(w) for w in written)
+        seen.append(flags)
+        client.append(out)
+    result = {"seen": seen, "point": s.resume_point(), "failure": s.failure and s.failure[0],
+              "events": s.events, "output_tokens": s.output_tokens}
+    return result, client
+
+
+def dechunk(data: bytes) -> bytes:
+    out: list[bytes] = []
+    ChunkedDecoder().feed(data, out.append)
+    return b"".join(out)
+
+
+@pytest.mark.parametrize("route", ["chat", "completion"])
+@SETTINGS
+@given(data=st.data())
+def test_resumed_streams_pumped_match_the_oracle_and_feed(route: str,
+                                                         data: st.DataObject) -> None:
+    case = data.draw(resumed_stream(route))
+    rust, client = run_pumped(IMPLS["rust"], route, case["opts"], case["hops"])
+    assert (rust, client) == run_pumped(IMPLS["oracle"], route, case["opts"], case["hops"])
+    fed = run(IMPLS["rust"], route, case["opts"], case["hops"])
+    feeds = [hop for hop in fed["seen"] if isinstance(hop, list)]
+    assert client == [b"".join(out for out, _, _ in hop) for hop in feeds]
+    assert (rust["point"], rust["failure"], rust["output_tokens"]) == (
+        fed["point"], fed["failure"], fed["output_tokens"])
