@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from test_models import chat, fleet  # the per-model fleet of placement tests
+from fleet_helpers import chat, fleet
 
 from narwhal._narwhal_fast import Board
 from narwhal.admission.gate import AdmissionQueue

@@ -9,6 +9,7 @@ from typing import Any
 
 import orjson
 import pytest
+from fleet_helpers import chat, fleet
 from prometheus_client.parser import text_string_to_metric_families
 
 from narwhal._narwhal_fast import Board
@@ -17,14 +18,11 @@ from narwhal.admission.predictive import PredictiveAdmission
 from narwhal.api.metrics import build_registry, render
 from narwhal.config import Config, parse_config
 from narwhal.errors import Refusal
-from narwhal.fleet.engine import Engine, Health
 from narwhal.learning import Learning
-from narwhal.learning.latency import PrefillModel
 from narwhal.request.deadlines import Deadlines
 from narwhal.request.models import Catalog, Served, parse_cards
 from narwhal.request.parse import parse_request
 from narwhal.scheduling.placement import Scheduler
-from narwhal.upstream.client import EngineClient
 
 LLAMA, QWEN = "meta-llama/Llama-3.1-8B-Instruct", "Qwen/Qwen3-8B"
 
@@ -39,11 +37,6 @@ def two_models(**llama: Any) -> Config:
             {"name": "x0", "url": "http://127.0.0.1:9104"},  # every model
         ],
     })
-
-
-def chat(model: str) -> bytes:
-    return orjson.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}],
-                         "max_tokens": 4})
 
 
 def lora(name: str, parent: str | None, root: str = "/adapters/x") -> tuple[str, str | None,
@@ -151,20 +144,6 @@ def test_unknown_names_and_unloaded_adapters_are_404() -> None:
 
 
 # ---------------------------------------------------------------- placement by model
-
-
-def fleet(config: Config) -> tuple[Catalog, list[Engine], Learning, Scheduler]:
-    catalog = Catalog(config)
-    engines = []
-    for i, cfg in enumerate(config.engines):
-        engine = Engine(i, cfg, EngineClient(cfg.url), catalog.first_model(i))
-        engine.health = Health.HEALTHY
-        engines.append(engine)
-    learning = Learning(engines, config)
-    for learned in learning.learned.values():
-        learned.prefill = PrefillModel(0.01, 1000.0)
-    sched = Scheduler(engines, Board(engines=len(engines)), learning, predictive=True)
-    return catalog, engines, learning, sched
 
 
 def demand_for(sched: Scheduler, catalog: Catalog, model: str, tokens: int = 100) -> Any:
