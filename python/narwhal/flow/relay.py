@@ -237,6 +237,9 @@ class Relay:
             self._after_read(*session.last_read())
         elif flags & _PUMP_TOKENS:
             self._first_token(self.loop.time())
+        # Flag 16 (the client transport's write raised: it is closed) needs nothing here:
+        # the pump writes no more, and the client's connection_lost ends the request, as
+        # on the Python path, whose writes to a closing connection are dropped.
 
     def _last_token(self) -> float:
         """The time of the last token read, on either path."""

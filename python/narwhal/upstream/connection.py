@@ -1,4 +1,4 @@
-"""One keep-alive HTTP/1.1 connection to an engine: request writing and httptools parsing."""
+"""One keep-alive HTTP/1.1 engine connection: requests, httptools parsing, raw chunked bodies."""
 
 from __future__ import annotations
 
