@@ -190,9 +190,11 @@ class Relay:
             prompt_tokens=self.ctx.prompt_tokens,
             **ask.session,
         )
+        # A disaggregated request (a split placement, or its decode leg: kv_params) is not
+        # resumed: a continuation runs whole on one mixed engine.
         self.resumable = (self.max_migrations > 0 and engine.config.migrate
                           and self.counts_ids and self.placement.split is None
-                          and resumable(self.parsed))
+                          and self.kv_params is None and resumable(self.parsed))
         if self.resumable:
             session.enable_resume()
             parsed = self.parsed
@@ -441,8 +443,10 @@ class Relay:
                         reason, why)
             return False
         prompt, generated = point
-        placement = self.scheduler.try_place(exclude=broken, demand=self.placement.track.demand)
+        placement = self._whole(self.scheduler.try_place(exclude=broken,
+                                                         demand=self.placement.track.demand))
         if placement is None and not any(e is not broken and e.serves()
+                                         and e.config.role == "mixed"
                                          for e in self.scheduler.engines):
             log.warning("engine %s broke the stream (%s): not migrated: no other engine "
                         "serves", broken.name, reason)
@@ -473,6 +477,15 @@ class Relay:
             self.done.set_result(None)
         return True
 
+    def _whole(self, placement: Placement | None) -> Placement | None:
+        """``placement`` when it runs a request whole (a mixed engine); a split one (a
+        prefill engine with a decode partner) is given back: a continuation has no prefill
+        leg."""
+        if placement is not None and placement.split is not None:
+            self.scheduler.release(placement)
+            return None
+        return placement
+
     async def _migration_due(self) -> bool:
         """Wait for the stream's end; True when it broke and goes on on another engine."""
         await self.done
@@ -491,8 +504,8 @@ class Relay:
         if self.pending_from is not None:
             broken, self.pending_from = self.pending_from, None
             until = min(self.deadlines.total, self.loop.time() + self.queue.max_wait_s)
-            placement = await self.queue.place_urgent(self.placement.track.demand, broken,
-                                                      until)
+            placement = self._whole(await self.queue.place_urgent(
+                self.placement.track.demand, broken, until))
             if self.outcome is not None:  # the client left or the deadline passed meanwhile
                 if placement is not None:
                     self.scheduler.release(placement)
