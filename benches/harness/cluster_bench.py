@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .loadgen import Figures, Target, chat_body, percentile, request_bytes, run_phase
+from .report import splice_named
 from .systems import MODEL, SimSettings, System, direct, free_port, start_engines, start_narwhal
 
 
@@ -34,6 +35,8 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--duration", type=float, default=8.0)
     p.add_argument("--workers", type=int, default=1, help="workers per router instance")
     p.add_argument("--out-md", type=Path, help="Markdown report (default: stdout)")
+    p.add_argument("--into", type=Path, help="a document to write the table into, between "
+                   "its <!-- cluster_bench:begin/end --> markers (docs/performance.md)")
     return p.parse_args(argv)
 
 
@@ -112,6 +115,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ])
     if args.out_md is not None:
         args.out_md.write_text(table + "\n")
+    if args.into is not None:
+        splice_named(args.into, "cluster_bench", "python -m benches.harness.cluster_bench "
+                     f"--streams {args.streams} --into {args.into}", table)
     print(table)
     return 0
 

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from .loadgen import percentile
+from .report import splice_named
 from .systems import MODEL, Proc, System, free_port, start_narwhal, url_in
 
 ENGINES = 4
@@ -309,6 +310,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="each engine's prefix cache, tokens")
     p.add_argument("--logdir", type=Path, default=Path("/tmp/narwhal-prefix-bench"))
     p.add_argument("--out-md", type=Path)
+    p.add_argument("--into", type=Path, help="a document to write the table into, between "
+                   "its <!-- prefix_bench:begin/end --> markers (docs/performance.md)")
     p.add_argument("--out-json", type=Path)
     args = p.parse_args(argv)
     USERS, KV_TOKENS = args.users, args.kv_cache_tokens
@@ -326,6 +329,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(table)
     if args.out_md:
         args.out_md.write_text(table + "\n")
+    if args.into:
+        splice_named(args.into, "prefix_bench",
+                     f"python -m benches.harness.prefix_bench --into {args.into}", table)
     if args.out_json:
         args.out_json.write_text(json.dumps(rows, indent=2) + "\n")
     return 0
