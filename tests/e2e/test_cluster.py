@@ -25,6 +25,7 @@ from fleet_support import (
     chat,
     complete,
     fleet_config,
+    redis_server,
     wait_for,
 )
 from procs import Proc, get_json, http, metrics, router_config, start_router, start_sim
@@ -63,11 +64,8 @@ def cluster_of(router: Proc) -> dict[str, Any]:
 # -- three instances, two engines -------------------------------------------------------------
 @pytest.fixture(scope="module")
 def redis() -> Iterator[RedisServer]:
-    server = RedisServer().start()
-    try:
+    with redis_server() as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -27,11 +27,10 @@ from procs import (
     start_router,
     start_sim,
 )
+from test_faults_engine import GAUGES, HEALTH  # breaker and eviction out of the way
 
 pytestmark = pytest.mark.timeout(120)
 
-HEALTH = {"interval_s": 0.5, "timeout_s": 1.0, "failures_to_evict": 1000}
-GAUGES = ("narwhal_retained_requests", "narwhal_queued_requests", "narwhal_engine_inflight")
 COMPLETED = "narwhal_completed_total"
 SEED = 11
 MAX_TOKENS = 40

@@ -20,6 +20,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fleet_support import start_sim_on
@@ -118,21 +119,23 @@ def one_request(base: str, rng: random.Random,
     return kind, classify(raw)
 
 
+def soak_router(tmp_path: Path, sims: list[Proc], **sections: Any) -> Proc:
+    """The soak's router: 2 prefill and 4 decode slots per engine, retention 20, a queue of 6
+    waiting at most 2 s, open admission; ``sections`` add to or replace these."""
+    engines = [
+        {"name": f"e{i}", "url": s.url, "dialect": "vllm", "max_prefill": 2, "max_decode": 4}
+        for i, s in enumerate(sims)
+    ]
+    sections = {"serving": {"http_retention_limit": 20},
+                "admission": {"mode": "open", "queue_limit": 6, "max_wait_s": 2}, **sections}
+    return fault_router(tmp_path, sims, engines=engines, **sections)
+
+
 def test_soak(tmp_path: Path) -> None:
     sims = [start_sim("--tpot-ms", "2", "--prefill-tokens-per-s", "100000") for _ in range(2)]
     router: Proc | None = None
     try:
-        engines = [
-            {"name": f"e{i}", "url": s.url, "dialect": "vllm", "max_prefill": 2, "max_decode": 4}
-            for i, s in enumerate(sims)
-        ]
-        router = fault_router(
-            tmp_path,
-            sims,
-            engines=engines,
-            serving={"http_retention_limit": 20},
-            admission={"mode": "open", "queue_limit": 6, "max_wait_s": 2},
-        )
+        router = soak_router(tmp_path, sims)
         figures = run_soak(router, sims)
         print("\nsoak figures:", json.dumps(figures, indent=1))
     finally:
@@ -162,16 +165,10 @@ def test_soak_with_engine_kills(tmp_path: Path) -> None:
             sims[i] = start_sim_on(ports[i], "--tpot-ms", "2")
 
     try:
-        engines = [
-            {"name": f"e{i}", "url": s.url, "dialect": "vllm", "max_prefill": 2, "max_decode": 4}
-            for i, s in enumerate(sims)
-        ]
-        router = fault_router(
+        router = soak_router(
             tmp_path,
             sims,
-            engines=engines,
             serving={"http_retention_limit": 20, "max_migrations": 2},
-            admission={"mode": "open", "queue_limit": 6, "max_wait_s": 2},
             # An operator's health settings (the fault matrix turns eviction off): a killed
             # engine is ejected after two failures and back after one good probe.
             health={"interval_s": 0.2, "timeout_s": 0.5, "failures_to_evict": 2,
