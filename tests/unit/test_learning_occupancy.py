@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from narwhal.learning.occupancy import Demand, EngineLoad, PendingBook, Track, water_level
+from narwhal.learning.occupancy import (
+    SWEEP_SLACK,
+    Demand,
+    EngineLoad,
+    PendingBook,
+    Track,
+    water_level,
+)
 
 
 def track(tokens: int, placed_at: float, cost_s: float) -> Track:
@@ -95,3 +102,20 @@ def test_water_level_spreads_queued_requests_over_engines_as_they_free_up() -> N
     assert water_level([(0.0, 1.0), (2.0, 1.0)], 4) == pytest.approx(3.0)
     # a faster engine takes more of the queue
     assert water_level([(0.0, 3.0), (0.0, 1.0)], 8) == pytest.approx(2.0)
+
+
+def test_the_pending_book_stays_bounded_by_what_waits() -> None:
+    """Every request passes through the book (``with demand:``); placed at once, it must not
+    stay in the queue (a soak's memory grew by one Demand per request when only ``head()``
+    removed them), and one old demand still waiting must not pin every later one."""
+    book = PendingBook()
+    old = Demand(10, book=book)
+    old.__enter__()
+    for _ in range(5000):
+        with Demand(7, book=book):
+            pass
+    assert book.count == 1 and book.tokens == 10
+    assert len(book._queue) <= 2 * book.count + SWEEP_SLACK + 1
+    assert book.head() is old
+    old.__exit__(None, None, None)
+    assert book.count == 0 and len(book._queue) == 0 and book.head() is None

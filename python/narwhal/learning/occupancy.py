@@ -68,6 +68,10 @@ class Demand:
             self._book.discard(self)
 
 
+SWEEP_SLACK = 64
+"""Demands no longer waiting a pending book keeps behind a waiting one before it sweeps."""
+
+
 class PendingBook:
     """Demands waiting in the router's admission queue, oldest first, with running totals."""
 
@@ -86,11 +90,19 @@ class PendingBook:
             self.tokens += demand.prompt_tokens
 
     def discard(self, demand: Demand) -> None:
-        """No longer waiting (placed, refused, expired or cancelled); idempotent."""
+        """No longer waiting (placed, refused, expired or cancelled); idempotent. Demands no
+        longer waiting leave the queue from its head; those behind an older one still waiting
+        are swept out once they outnumber the waiting ones (the queue stays bounded by what
+        waits, not by every request ever seen)."""
         if demand.pending:
             demand.pending = False
             self.count -= 1
             self.tokens -= demand.prompt_tokens
+            queue = self._queue
+            while queue and not queue[0].pending:
+                queue.popleft()
+            if len(queue) > 2 * self.count + SWEEP_SLACK:
+                self._queue = deque(d for d in queue if d.pending)
 
     def head(self) -> Demand | None:
         """The oldest waiting demand: the one the FIFO queue places next."""
