@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-import sys
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ import httptools
 
 from narwhal.errors import Refusal
 from narwhal.http1 import merge_headers
+from narwhal.server.eager import start_task
 from narwhal.server.exchange import EarlyResponse, Headers, Request, Responder
 from narwhal.server.flow_control import FlowControl
 from narwhal.server.responses import STATUS_LINES, error_body, refusal_response
@@ -274,14 +274,9 @@ class HttpProtocol(asyncio.Protocol):
             self._start(request, responder)
 
     def _start(self, request: Request, responder: Responder) -> None:
-        coro = self._handle(request, responder)
-        if sys.version_info >= (3, 12):
-            # The handler runs now, up to its first wait, instead of a loop turn later: under
-            # load a turn is every ready callback of the round (about a millisecond at 64
-            # streams). An answer may complete (and the next pipelined request start) inside.
-            task = asyncio.Task(coro, loop=self.loop, eager_start=True)
-        else:
-            task = self.loop.create_task(coro)
+        # The handler runs now, up to its first wait, instead of a loop turn later (see
+        # eager.py). An answer may complete (and the next pipelined request start) inside.
+        task = start_task(self.loop, self._handle(request, responder))
         if self.active is responder and not task.done():
             self.active_task = task
 
