@@ -7,7 +7,13 @@ import random
 import orjson
 import pytest
 
-from narwhal.learning.output_length import LengthDistribution, OutputLengths
+from narwhal.learning.output_length import (
+    DECAY,
+    RATIO_BINS,
+    LengthDistribution,
+    OutputLengths,
+    _Histogram,
+)
 
 
 def test_prior_before_any_measurement() -> None:
@@ -75,3 +81,40 @@ def test_routes_are_separate_and_survive_json() -> None:
     assert restored.describe() == lengths.describe()
     restored.load({"chat": {"ratio": {"weights": [1, 2]}}, "other": 5})  # ignored, not fatal
     assert restored.describe() == lengths.describe()
+
+
+class _DecayingBins:
+    """The oracle: every bin shrinks by DECAY at each sample, as the definition says."""
+
+    def __init__(self, bins: int) -> None:
+        self.weights = [0.0] * bins
+        self.sums = [0.0] * bins
+
+    def add(self, index: int, value: float) -> None:
+        self.weights = [w * DECAY for w in self.weights]
+        self.sums = [v * DECAY for v in self.sums]
+        self.weights[index] += 1.0
+        self.sums[index] += value
+
+    def conditional(self, index: int) -> float:
+        weight = sum(self.weights[index:])
+        return sum(self.sums[index:]) / weight if weight > 0 else 0.0
+
+
+@pytest.mark.parametrize("samples", [50, 70_000])  # the larger passes a rescale
+def test_lazy_forgetting_matches_shrinking_every_bin(samples: int) -> None:
+    rng = random.Random(samples)
+    fast, oracle = _Histogram(RATIO_BINS), _DecayingBins(RATIO_BINS)
+    for n in range(samples):
+        index = rng.randrange(RATIO_BINS) if n % 1000 else RATIO_BINS - 1
+        value = (index + rng.random()) / RATIO_BINS
+        fast.add(index, value)
+        oracle.add(index, value)
+    assert fast.weights == pytest.approx(oracle.weights, rel=1e-9, abs=1e-300)
+    assert fast.sums == pytest.approx(oracle.sums, rel=1e-9, abs=1e-300)
+    assert fast.total() == pytest.approx(sum(oracle.weights), rel=1e-9)
+    for index in range(RATIO_BINS):
+        assert fast.conditional(index) == pytest.approx(oracle.conditional(index), rel=1e-9)
+    restored = _Histogram(RATIO_BINS)
+    restored.load(orjson.loads(orjson.dumps(fast.as_json())))
+    assert restored.conditional(3) == pytest.approx(oracle.conditional(3), rel=1e-9)

@@ -25,48 +25,60 @@ PRIOR_RATIO = 0.5  # before any measurement: half the requested maximum
 PRIOR_TOKENS = 256.0  # before any measurement, when no maximum is named
 PRIOR_WEIGHT = 1.0
 ROUTES = ("chat", "completion")
+_RESCALE_AT = 1e100
 MODEL_LIMIT = 256
 """Models and adapters with their own distributions; past it the oldest adapter's go."""
 
 
 class _Histogram:
-    """Weighted samples in fixed bins, each bin keeping its weight and its weighted sum."""
+    """Weighted samples in fixed bins, each bin keeping its weight and its weighted sum.
 
-    __slots__ = ("_cond", "_dirty", "samples", "sums", "weights")
+    Forgetting is O(1) per sample: instead of every bin shrinking by ``DECAY``, each new
+    sample weighs ``1 / DECAY`` more than the one before (``_scale``). Stored values are the
+    true ones times ``_scale``; means and conditional means are ratios, so the scale cancels.
+    """
+
+    __slots__ = ("_scale", "_sums", "_weights", "samples")
 
     def __init__(self, bins: int) -> None:
-        self.weights = [0.0] * bins
-        self.sums = [0.0] * bins
+        self._weights = [0.0] * bins
+        self._sums = [0.0] * bins
+        self._scale = 1.0
         self.samples = 0
-        self._cond: list[float] = [0.0] * bins
-        self._dirty = True
+
+    @property
+    def weights(self) -> list[float]:
+        scale = self._scale
+        return [w / scale for w in self._weights]
+
+    @property
+    def sums(self) -> list[float]:
+        scale = self._scale
+        return [v / scale for v in self._sums]
 
     def add(self, index: int, value: float, weight: float = 1.0, *, decay: bool = True) -> None:
         if decay:
-            for i in range(len(self.weights)):
-                self.weights[i] *= DECAY
-                self.sums[i] *= DECAY
-        self.weights[index] += weight
-        self.sums[index] += weight * value
-        self._dirty = True
+            self._scale /= DECAY
+            if self._scale > _RESCALE_AT:  # bring the stored values back near their true size
+                scale = self._scale
+                self._weights = [w / scale for w in self._weights]
+                self._sums = [v / scale for v in self._sums]
+                self._scale = 1.0
+        weight *= self._scale
+        self._weights[index] += weight
+        self._sums[index] += weight * value
 
     def total(self) -> float:
-        return sum(self.weights)
+        return sum(self._weights) / self._scale
 
     def mean(self) -> float:
-        total = self.total()
-        return sum(self.sums) / total if total > 0 else 0.0
+        total = sum(self._weights)
+        return sum(self._sums) / total if total > 0 else 0.0
 
     def conditional(self, index: int) -> float:
         """Mean of the samples in bin ``index`` and above (0.0 when there are none)."""
-        if self._dirty:
-            weight = total = 0.0
-            for i in range(len(self.weights) - 1, -1, -1):
-                weight += self.weights[i]
-                total += self.sums[i]
-                self._cond[i] = total / weight if weight > 0 else 0.0
-            self._dirty = False
-        return self._cond[index]
+        weight = sum(self._weights[index:])
+        return sum(self._sums[index:]) / weight if weight > 0 else 0.0
 
     def quantile(self, q: float, edge: Any) -> float:
         """The upper edge of the bin where the cumulative weight passes ``q``."""
@@ -89,11 +101,11 @@ class _Histogram:
         if (isinstance(weights, list) and isinstance(sums, list) and len(weights) == n
                 and len(sums) == n and all(isinstance(v, (int, float)) and v >= 0
                                            for v in weights + sums)):
-            self.weights = [float(v) for v in weights]
-            self.sums = [float(v) for v in sums]
+            self._weights = [float(v) for v in weights]
+            self._sums = [float(v) for v in sums]
+            self._scale = 1.0
             samples = data.get("samples")
             self.samples = samples if isinstance(samples, int) and samples >= 0 else 0
-            self._dirty = True
 
 
 def _ratio_bin(ratio: float) -> int:
