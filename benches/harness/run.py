@@ -19,8 +19,20 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
-from . import anchors, gates, inprocess, loadgen, measure, report, sizing, stages, systems
+from . import (
+    anchors,
+    gates,
+    inprocess,
+    loadgen,
+    measure,
+    report,
+    rounds,
+    sizing,
+    stages,
+    systems,
+)
 from . import profiling as pyspy
 from .measure import Phase
 
@@ -92,6 +104,13 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="also time the stages from arrival to first token inside Narwhal at the largest "
         "load (benches/harness/stages.py)",
+    )
+    p.add_argument(
+        "--cpu-rounds",
+        type=int,
+        default=5,
+        help="interleaved rounds of Narwhal and vllm-router at 64 and 256 streams for the "
+        "CPU-per-token ratio (benches/harness/rounds.py; both in --systems; 0 skips them)",
     )
     p.add_argument("--out-md", type=Path, help="Markdown report (default: none)")
     p.add_argument("--out-json", type=Path, help="JSON figures (default: none)")
@@ -191,6 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     engine_urls = [e.url for e in engines]
     engine_pids = [e.pid for e in engines]
     request_for = measure.request_maker(sim)
+    cpu_rounds: dict[str, Any] | None = None
 
     try:
         direct = systems.direct(engine_urls)
@@ -244,6 +264,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 system.stop()
             if args.stages and name == "narwhal":
                 stage_rows = _stages(engine_urls, engine_pids, sim, args, logdir)
+        cpu_rounds = _cpu_rounds(names, loads, engine_urls, engine_pids, sim, args, logdir,
+                                 status, request_for, versions)
     finally:
         for e in engines:
             e.stop()
@@ -262,6 +284,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         cores=os.cpu_count() or 0,
     )
     figures = report.figures(phases, names, meta)
+    if cpu_rounds is not None:
+        figures["cpu_rounds"] = cpu_rounds
     if not args.quick and "narwhal" in names:
         _log("per-request CPU in process, and the sizing estimate's accuracy")
         figures["in_process"] = {mode or "default": inprocess.measure(mode)
@@ -284,6 +308,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     if errors:
         _log(f"{errors} errors (see the table and {logdir})")
     return 1 if errors or failed or not phases else 0
+
+
+def _cpu_rounds(
+    names: list[str],
+    loads: list[int],
+    engine_urls: list[str],
+    engine_pids: list[int],
+    sim: systems.SimSettings,
+    args: argparse.Namespace,
+    logdir: Path,
+    status: dict[str, str],
+    request_for: Callable[[loadgen.Target], bytes],
+    versions: dict[str, str],
+) -> dict[str, Any] | None:
+    """Narwhal and vllm-router both up, measured in turn (rounds.py), when both were
+    measured above; None otherwise."""
+    pair = ("narwhal", "vllm-router")
+    wanted = [n for n in loads if n in (64, 256)]
+    if (args.quick or args.cpu_rounds <= 0 or not wanted
+            or any(versions.get(n, "not measured").startswith("not measured") for n in pair)):
+        return None
+    _log(f"interleaved rounds of {' and '.join(pair)}: {args.cpu_rounds} per load")
+    started: list[systems.System] = []
+    try:
+        for name in pair:
+            started.append(_start(name, engine_urls, logdir, args, status, request_for))
+        return rounds.interleaved(started, engine_pids, sim, loads=wanted,
+                                  rounds=args.cpu_rounds, warmup_s=min(args.warmup, 2.0),
+                                  duration_s=min(args.duration, 5.0), log=_log)
+    finally:
+        for system in started:
+            system.stop()
 
 
 def _revision(src: Path | None) -> str:
