@@ -87,6 +87,19 @@ def record(py_spy: Path, pid: int, duration_s: float, out: Path, rate_hz: int = 
     return prof
 
 
+def perf_start(pid: int, duration_s: float, data: Path) -> subprocess.Popen[bytes] | None:
+    """perf sampling ``pid`` (every thread) for ``duration_s``; None without perf."""
+    return _start_perf(pid, duration_s, data)
+
+
+def perf_dso(perf: subprocess.Popen[bytes] | None, data: Path) -> tuple[list[tuple[str, float]],
+                                                                        str]:
+    """Wait for ``perf`` (from perf_start): its CPU cycles by library, and an error or ""."""
+    prof = Profile()
+    _finish_perf(perf, data, prof)
+    return prof.perf_dso, prof.perf_error
+
+
 def _start_perf(pid: int, duration_s: float, data: Path) -> subprocess.Popen[bytes] | None:
     if shutil.which("perf") is None:
         return None

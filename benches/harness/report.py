@@ -380,6 +380,30 @@ def _rounds_section(fig: dict[str, Any]) -> list[str]:
                 f"{ratio:.2f}x ({low:.2f}-{high:.2f})")
             lines.append(f"| {load} | {name} | {row['cpu_median']:.4f} ({each}) "
                          f"| {row['ttft_p50_median']:.2f} | {shown} | {row['errors']} |")
+    split_rows = []
+    for load, table in data["loads"].items():
+        for name, row in table.items():
+            split = row.get("split")
+            if not split:
+                continue
+            if split.get("kernel_share") is None:
+                split_rows.append(f"| {load} | {name} | - | - | - | {split.get('error', '')} |")
+                continue
+            per_token = row["cpu_median"] * 1000.0  # s per 1k tokens -> µs per token
+            kernel = per_token * split["kernel_share"]
+            libs = ", ".join(f"`{dso}` {pct:.0f} %" for dso, pct in split["by_library"][:5])
+            split_rows.append(f"| {load} | {name} | {per_token:.1f} | {kernel:.1f} "
+                              f"| {per_token - kernel:.1f} | {libs} |")
+    if split_rows:
+        lines += [
+            "",
+            "Where each router's CPU per token goes: perf's share of CPU cycles in the kernel, "
+            "in one more window per router (unreported), applied to the median above.",
+            "",
+            "| streams | system | CPU µs / token | in the kernel | in user space | by library |",
+            "|---|---|---|---|---|---|",
+            *split_rows,
+        ]
     return [*lines, ""]
 
 

@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from . import measure
+from . import profiling as pyspy
 from .systems import SimSettings, System
+
+KERNEL = "[kernel.kallsyms]"
 
 
 def interleaved(
@@ -29,9 +33,12 @@ def interleaved(
     warmup_s: float,
     duration_s: float,
     log: Callable[[str], None],
+    perf_dir: Path | None = None,
 ) -> dict[str, Any]:
     """Per load: each system's CPU per 1k tokens and TTFT p50 in every round, the medians,
-    and the median per-round ratio of every system to ``systems[0]``."""
+    and the median per-round ratio of every system to ``systems[0]``. With ``perf_dir``,
+    one more (unreported) window per system under perf splits its CPU per token into the
+    kernel's part and the rest."""
     out: dict[str, Any] = {"rounds": rounds, "warmup_s": warmup_s, "window_s": duration_s,
                            "systems": [s.name for s in systems], "loads": {}}
     for streams in loads:
@@ -66,5 +73,34 @@ def interleaved(
                 "first_over_this_median": statistics.median(ratios) if ratios else None,
                 "first_over_this_range": [min(ratios), max(ratios)] if ratios else None,
             }
+        if perf_dir is not None:
+            for system in systems:
+                table[system.name]["split"] = _split(system, engine_pids, sim, streams,
+                                                     warmup_s, duration_s, perf_dir)
+                log(f"perf {system.name} {streams}: {table[system.name]['split']}")
         out["loads"][str(streams)] = table
     return out
+
+
+def _split(system: System, engine_pids: Sequence[int], sim: SimSettings, streams: int,
+           warmup_s: float, duration_s: float, perf_dir: Path) -> dict[str, Any]:
+    """The kernel's share of the router's CPU cycles in one window under perf."""
+    pid = system.root_pid
+    assert pid is not None
+    data = perf_dir / f"perf-{system.name}-{streams}.data"
+    perf: list[Any] = []
+
+    def on_window(edge: str) -> None:
+        if edge == "start":
+            perf.append(pyspy.perf_start(pid, max(1.0, duration_s - 1.0), data))
+
+    measure.settle()
+    measure.run(system, engine_pids, sim, load=str(streams), streams=streams,
+                warmup_s=warmup_s, duration_s=duration_s, hook=on_window)
+    rows, error = pyspy.perf_dso(perf[0] if perf else None, data)
+    if error or not rows:
+        return {"error": error or "perf recorded nothing"}
+    total = sum(pct for _, pct in rows)
+    kernel = sum(pct for dso, pct in rows if dso == KERNEL)
+    return {"kernel_share": kernel / total if total else None,
+            "by_library": [[dso, pct] for dso, pct in rows[:8]]}

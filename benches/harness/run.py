@@ -336,7 +336,8 @@ def _cpu_rounds(
             started.append(_start(name, engine_urls, logdir, args, status, request_for))
         return rounds.interleaved(started, engine_pids, sim, loads=wanted,
                                   rounds=args.cpu_rounds, warmup_s=min(args.warmup, 2.0),
-                                  duration_s=min(args.duration, 5.0), log=_log)
+                                  duration_s=min(args.duration, 5.0), log=_log,
+                                  perf_dir=logdir if args.profile else None)
     finally:
         for system in started:
             system.stop()
