@@ -151,6 +151,11 @@ class Relay:
                 self._timer.cancel()
             if self._stall is not None:
                 self._stall.cancel()
+            # No references back into the relay once it is over, so refcounting frees the
+            # request's objects at once instead of the cycle collector, later.
+            self.responder.on_disconnect = None
+            self.task = None
+            self._timer = self._stall = None
         assert self.outcome is not None
         return self.outcome
 
