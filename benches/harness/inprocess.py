@@ -33,7 +33,7 @@ from narwhal.app import Narwhal
 from narwhal.config import parse_config
 from narwhal.fleet.engine import Health
 from narwhal.learning.latency import PrefillModel
-from narwhal.serve import limits_of
+from narwhal.serve import limits_of, settle_gc
 from narwhal.server.http import HttpProtocol, HttpServer
 from narwhal.upstream.client import EngineClient
 from narwhal.upstream.connection import EngineConnection
@@ -163,6 +163,9 @@ class Bench:
         self.loop = uvloop.new_event_loop()
         asyncio.set_event_loop(self.loop)
         self.router = self.loop.run_until_complete(self._build(config))
+        # The collector as `narwhal serve` leaves it once started (undone by close()).
+        self._gc_threshold = gc.get_threshold()
+        settle_gc()
         self.arrived = 0.0
         self.dispatch_s: list[float] = []
         self.server = HttpServer(self.router.router, limits_of(config), self.loop)
@@ -208,6 +211,8 @@ class Bench:
         self.loop.run_until_complete(self.router.stop())
         self.loop.close()
         asyncio.set_event_loop(None)
+        gc.unfreeze()
+        gc.set_threshold(*self._gc_threshold)
 
 
 def measure(sizing: str | None, requests: int = 3000, rounds: int = 15) -> dict[str, float]:

@@ -29,6 +29,16 @@ GC_YOUNG_OBJECTS = 10_000
 """Allocations between young-generation collections (the default is 700)."""
 
 
+def settle_gc() -> None:
+    """Once start-up is done: what it made (modules, configuration, the learned state) lives
+    as long as the process, so it is frozen out of the collector's scans, and the young
+    generation is sized so a collection comes every few hundred requests rather than every
+    ~20 (700 objects was about 18 requests' allocations in benches/bench_request.py)."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_YOUNG_OBJECTS, 10, 10)
+
+
 def limits_of(config: Config) -> ServerLimits:
     s = config.serving
     return ServerLimits(
@@ -66,13 +76,7 @@ async def run_worker(
     )
     bound = await server.listen(config.listen.host, port, reuse_port=reuse_port)
     await narwhal.start()
-    # What start-up made (modules, configuration, the learned state) lives as long as the
-    # process: frozen out of the collector's scans. The young generation is sized so a
-    # collection comes every few hundred requests rather than every ~20 (700 objects was
-    # about 18 requests' allocations in benches/bench_request.py).
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(GC_YOUNG_OBJECTS, 10, 10)
+    settle_gc()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
