@@ -106,11 +106,15 @@ def test_cancelled_before_its_first_turn_the_handler_unwinds_from_its_wait(
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        task = start(loop, handler(loop.create_future()))
+        waited: asyncio.Future[None] = loop.create_future()
+        task = start(loop, handler(waited))
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         assert task.cancelled()
+        # What it waited on is cancelled too, as a task cancels the future it waits on (a
+        # queue that hands out places must not hand one to a request no longer waiting).
+        assert waited.cancelled() == is_eager
         # A handler cancelled before it ever ran is closed without running (scheduled start).
         assert unwound == (["cancelled", "finally"] if is_eager else [])
 

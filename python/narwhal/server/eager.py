@@ -62,10 +62,15 @@ class _Resumed:
         return first
 
     def throw(self, *args: Any) -> Any:
-        self._first = _PENDING
+        """The task throws only to cancel: before its first turn, the coroutine waits on the
+        first step's future, which the task never saw, so it is cancelled here as the task
+        cancels the future it waits on."""
+        first, self._first = self._first, _PENDING
         if self._error is not None:
             error, self._error = self._error, None
             raise error
+        if isinstance(first, asyncio.Future) and not first.done():
+            first.cancel()
         return self._coro.throw(*args)
 
     def close(self) -> None:
