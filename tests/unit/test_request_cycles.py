@@ -18,7 +18,6 @@ from typing import Any
 import httptools
 import orjson
 import pytest
-
 from benches.harness import inprocess
 
 
