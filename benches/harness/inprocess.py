@@ -238,6 +238,29 @@ def measure(sizing: str | None, requests: int = 3000, rounds: int = 15) -> dict[
         bench.close()
 
 
+def measure_interleaved(modes: tuple[str | None, ...] = (None, "estimate"),
+                        repeats: int = 5) -> dict[str, dict[str, Any]]:
+    """:func:`measure` ``repeats`` times per sizing mode, the modes taking turns: on a shared
+    host one measurement reads anywhere in a ±20 % band (the host's moment, not the code),
+    so each figure is the median over the repeats, with the range of the dispatch p50."""
+    runs: dict[str, list[dict[str, float]]] = {mode or "default": [] for mode in modes}
+    for _ in range(repeats):
+        for mode in modes:
+            runs[mode or "default"].append(measure(mode))
+    out: dict[str, dict[str, Any]] = {}
+    for name, rows in runs.items():
+        dispatch = [r["dispatch_us_p50"] for r in rows]
+        out[name] = {
+            "request_us_p50": round(statistics.median(r["request_us_p50"] for r in rows), 1),
+            "dispatch_us_p50": round(statistics.median(dispatch), 1),
+            "dispatch_us_p90": round(statistics.median(r["dispatch_us_p90"] for r in rows), 1),
+            "dispatch_us_p50_range": [min(dispatch), max(dispatch)],
+            "repeats": len(rows),
+            "requests": int(sum(r["requests"] for r in rows)),
+        }
+    return out
+
+
 def tracing_cost(requests: int = 6000, rounds: int = 30) -> dict[str, float]:
     """Router CPU per request with tracing off and on (``sample_ratio`` 1.0, exporting to a
     local OTLP sink, ``otlp_sink.py``) in one process: one router configured with tracing,

@@ -288,8 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         figures["cpu_rounds"] = cpu_rounds
     if not args.quick and "narwhal" in names:
         _log("per-request CPU in process, and the sizing estimate's accuracy")
-        figures["in_process"] = {mode or "default": inprocess.measure(mode)
-                                 for mode in (None, "estimate")}
+        figures["in_process"] = inprocess.measure_interleaved()
         figures["sizing"] = sizing.accuracy()
     if not args.quick and "narwhal" in names and "narwhal-traced" in names:
         _log("tracing off and on, per request in process")
