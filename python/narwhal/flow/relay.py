@@ -65,6 +65,15 @@ class Relay:
     fast_reads = True
     """Pump streamed reads raw (``StreamSession.pump``); the benchmark turns it off."""
 
+    __slots__ = ("_stall", "_tail", "_timer", "asks_usage", "awaiting_first", "board",
+                 "calibration", "can_pump", "counts_ids", "ctx", "deadlines", "dispatched_at",
+                 "done", "failure", "first_token_at", "headers", "judging", "kv_params",
+                 "last_token_at", "learning", "loop", "max_migrations", "migrated",
+                 "migrating", "migrations", "outcome", "parsed", "paused_at", "pending_from",
+                 "placement", "pumping", "queue", "responder", "resumable", "retry_allowed",
+                 "retry_failure", "retry_pending", "scheduler", "session", "stall_from", "task",
+                 "upstream")
+
     def __init__(
         self,
         ctx: RequestContext,
