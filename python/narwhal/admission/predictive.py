@@ -18,6 +18,7 @@ rounded half up, >= 1 s. ``open`` mode never refuses here.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -123,16 +124,15 @@ class PredictiveAdmission:
                 wait += peers.prefill_wait(engine.index, now)
             waits.append((wait, 1.0 / per_request if per_request > 0 else 0.0))
         level = water_level(waits, queued)
-        best: Projection | None = None
         # Only the tokens each engine's prefix cache lacks (the placement's projection).
         owns = [learning.prefill_model(e).seconds(learning.uncached_tokens(e, demand))
                 for e in engines]
-        alone = min(owns)
-        for engine, (wait, _), own in zip(engines, waits, owns, strict=True):
-            candidate = Projection(engine, max(wait, level), own, alone)
-            if best is None or candidate.ttft_s < best.ttft_s:
-                best = candidate
-        return best
+        best, best_wait, best_ttft = 0, 0.0, math.inf
+        for index, ((wait, _), own) in enumerate(zip(waits, owns, strict=True)):
+            wait = wait if wait > level else level
+            if wait + own < best_ttft:  # the first of equals wins
+                best, best_wait, best_ttft = index, wait, wait + own
+        return Projection(engines[best], best_wait, owns[best], min(owns))
 
 
 def _budget_key(served: Served | None) -> str:
