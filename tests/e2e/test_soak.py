@@ -3,7 +3,9 @@ the counter deltas), the invariant holds at every scrape, gauges end at zero, an
 and descriptors stay flat after warm-up.
 
 Quick mode (30 s) runs in the default ``pytest``; ``NARWHAL_SOAK_S=600`` runs ten minutes and
-prints the figures (``-s`` shows them). A second soak (half as long) kills an engine
+prints the figures (``-s`` shows them; ``NARWHAL_SOAK_OUT=FILE`` also writes them as JSON, the
+stored run that ``python -m benches.harness.soak_report`` turns into docs/reliability.md's
+table). A second soak (half as long) kills an engine
 (SIGKILL) every few seconds and restarts it on its port: no plain stream fails after its
 answer began (migration carries it to another engine). Streams the soak's fault markers break
 on purpose are reported beside it: at this rate of faults, ejections and kills together
@@ -16,6 +18,7 @@ import json
 import os
 import random
 import socket
+import subprocess
 import threading
 import time
 from collections import Counter
@@ -138,11 +141,30 @@ def test_soak(tmp_path: Path) -> None:
         router = soak_router(tmp_path, sims)
         figures = run_soak(router, sims)
         print("\nsoak figures:", json.dumps(figures, indent=1))
+        out = os.environ.get("NARWHAL_SOAK_OUT")
+        if out:  # the stored run behind docs/reliability.md (benches/harness/soak_report.py)
+            stored = {"command": f"NARWHAL_SOAK_S={SOAK_S:g} NARWHAL_SOAK_OUT={out} pytest "
+                                 'tests/e2e/test_soak.py -k "not kills"',
+                      "commit": _commit(), **figures}
+            Path(out).write_text(json.dumps(stored, indent=1) + "\n")
     finally:
         if router is not None:
             router.stop()
         for s in sims:
             s.stop()
+
+
+def _commit() -> str:
+    """The checkout's commit (``+`` when python/ differs from it), or ``unknown``."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root,
+                              capture_output=True, text=True, timeout=10, check=True)
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "python"], cwd=root,
+                               timeout=10, check=False).returncode
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head.stdout.strip() + ("+" if dirty else "")
 
 
 def test_soak_with_engine_kills(tmp_path: Path) -> None:
