@@ -552,7 +552,8 @@ def markdown(
     return "\n".join(lines) + "\n"
 
 
-def splice_named(path: Path, name: str, command: str, body: str) -> None:
+def splice_named(path: Path, name: str, command: str, body: str, *,
+                 with_load: bool = True) -> None:
     """Write ``body`` into ``path`` between ``<!-- NAME:begin -->`` and ``<!-- NAME:end -->``
     (appended with them when absent), headed by the command and time of the run: the
     side benchmarks' tables in ``docs/performance.md`` are generated like the harness's."""
@@ -560,7 +561,8 @@ def splice_named(path: Path, name: str, command: str, body: str) -> None:
     end = f"<!-- {name}:end -->"
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    block = (f"{begin}\n\nCommand: `{command}` — {when}, load average at the end {load}.\n\n"
+    stamp = f"{when}, load average at the end {load}" if with_load else when
+    block = (f"{begin}\n\nCommand: `{command}` — {stamp}.\n\n"
              f"{body.strip()}\n\n{end}")
     try:
         text = path.read_text()
