@@ -68,7 +68,7 @@ def test_prompt_alone_over_budget_is_not_retryable() -> None:
     (1500, 1000, 1),   # 1.51 + 1.01 = 2.52 s: over by 0.52 s (half up, and at least 1)
     (1000, 200, 1),    # 1.01 + 0.21 = 1.22 s: over by... nothing: no refusal (None below)
     (3000, 1000, 2),   # 3.01 + 1.01 = 4.02 s: over by 2.02 s
-    (3500, 1000, 3),   # 3.51 + 1.01 = 4.52 s: over by 2.52 s, rounded half up
+    (3600, 1000, 3),   # 3.61 + 1.01 = 4.62 s: over by 2.62 s, rounded (far from the half)
 ])
 def test_total_over_budget_carries_the_overrun(placed: int, tokens: int,
                                                retry_after: int) -> None:
@@ -89,18 +89,19 @@ def test_queued_requests_ahead_count_in_the_wait() -> None:
     adm = admission(2)
     learning = adm.learning
     # both engines busy for 1.01 s, and four more 1000-token requests waiting in the queue
-    for _ in range(2):
-        adm.scheduler.try_place(demand=Demand(1000))
+    placed = [adm.scheduler.try_place(demand=Demand(1000)) for _ in range(2)]
+    # projected at the later placement's instant, so the wall clock cannot shorten the wait
+    now = max(p.track.placed_at for p in placed if p is not None)
     waiting = [Demand(1000, book=learning.pending) for _ in range(4)]
     for demand in waiting:
         demand.__enter__()
-    projection = adm.project(Demand(100))
+    projection = adm.project(Demand(100), now)
     assert projection is not None
     # the queue drains two at a time: 1.01 s placed + 2 x 1.01 s queued
     assert projection.wait_s == pytest.approx(3 * 1.01, rel=1e-3)
     for demand in waiting:
         demand.__exit__()
-    assert adm.project(Demand(100)).wait_s == pytest.approx(1.01, rel=1e-3)  # type: ignore[union-attr]
+    assert adm.project(Demand(100), now).wait_s == pytest.approx(1.01, rel=1e-3)  # type: ignore[union-attr]
 
 
 def test_best_engine_is_projected() -> None:
