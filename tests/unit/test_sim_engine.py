@@ -2,21 +2,78 @@
 
 from __future__ import annotations
 
-import asyncio
+import heapq
+import math
 import random
+from collections.abc import Callable
 
 import pytest
 
-from narwhal.sim.engine import Engine
+from narwhal.sim.engine import TIMER_RESOLUTION, Engine
 from narwhal.sim.settings import OutputLength, SimSettings
 
 pytestmark = pytest.mark.timeout(30)
 
 
+class Handle:
+    def __init__(self, callback: Callable[[], None]) -> None:
+        self.callback = callback
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class VirtualLoop:
+    """What the scheduler uses of its event loop (``time``, ``call_at``, ``call_soon``) on a
+    virtual clock, so the timings asserted are the model's and not a loaded host's. With a
+    ``resolution``, timers fire on its ticks, as uvloop's do on whole milliseconds."""
+
+    def __init__(self, resolution: float = 0.0) -> None:
+        self.now = 0.0
+        self.resolution = resolution
+        self._timers: list[tuple[float, int, Handle]] = []
+        self._order = 0
+
+    def time(self) -> float:
+        return self.now
+
+    def call_at(self, when: float, callback: Callable[[], None]) -> Handle:
+        if self.resolution:
+            when = math.ceil(when / self.resolution - 1e-6) * self.resolution
+        return self._push(max(when, self.now), callback)
+
+    def call_soon(self, callback: Callable[[], None]) -> Handle:
+        return self._push(self.now, callback)
+
+    def _push(self, when: float, callback: Callable[[], None]) -> Handle:
+        handle = Handle(callback)
+        heapq.heappush(self._timers, (when, self._order, handle))
+        self._order += 1
+        return handle
+
+    def _fire_next(self) -> None:
+        when, _, handle = heapq.heappop(self._timers)
+        self.now = max(self.now, when)
+        if not handle.cancelled:
+            handle.callback()
+
+    def run_until(self, predicate: Callable[[], bool], limit: float = 60.0) -> None:
+        while not predicate():
+            assert self._timers and self._timers[0][0] <= limit, "nothing more happens"
+            self._fire_next()
+
+    def run_for(self, seconds: float) -> None:
+        until = self.now + seconds
+        while self._timers and self._timers[0][0] <= until:
+            self._fire_next()
+        self.now = until
+
+
 class FakeJob:
     """Records when each of its tokens was produced."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, prompt_tokens: int, tokens: int) -> None:
+    def __init__(self, loop: VirtualLoop, prompt_tokens: int, tokens: int) -> None:
         self.loop = loop
         self.prompt_tokens = prompt_tokens
         self.tokens = tokens
@@ -27,84 +84,64 @@ class FakeJob:
         return len(self.times) >= self.tokens
 
 
-async def _until(predicate: object, limit: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + limit
-    while not predicate() and asyncio.get_running_loop().time() < deadline:  # type: ignore[operator]
-        await asyncio.sleep(0.002)
-
-
 def test_prefills_queue_fifo_and_add_up() -> None:
-    async def go() -> tuple[list[float], list[int]]:
-        loop = asyncio.get_running_loop()
-        s = SimSettings(prefill_tokens_per_s=10000, prefill_overhead_ms=10, tpot_ms=5)
-        engine = Engine(s, loop)
-        start = loop.time()
-        jobs = [FakeJob(loop, 500, 1) for _ in range(3)]  # 60 ms of prefill each
-        for job in jobs:
-            engine.submit(job)
-        waiting = [engine.num_waiting]
-        await _until(lambda: all(j.times for j in jobs))
-        waiting.append(engine.num_waiting)
-        engine.close()
-        return [j.times[0] - start for j in jobs], waiting
-
-    firsts, waiting = asyncio.run(go())
+    loop = VirtualLoop()
+    s = SimSettings(prefill_tokens_per_s=10000, prefill_overhead_ms=10, tpot_ms=5)
+    engine = Engine(s, loop)  # type: ignore[arg-type]
+    jobs = [FakeJob(loop, 500, 1) for _ in range(3)]  # 60 ms of prefill each
+    for job in jobs:
+        engine.submit(job)
+    waiting = [engine.num_waiting]
+    loop.run_until(lambda: all(j.times for j in jobs))
+    waiting.append(engine.num_waiting)
+    engine.close()
     assert waiting == [3, 0]
-    for i, t in enumerate(firsts, 1):
-        assert 0.06 * i - 0.003 <= t <= 0.06 * i + 0.04, firsts
+    assert [j.times for j in jobs] == [pytest.approx([0.06 * i]) for i in (1, 2, 3)]
 
 
 def test_decode_step_grows_with_the_batch() -> None:
-    async def go() -> tuple[list[float], int]:
-        loop = asyncio.get_running_loop()
-        s = SimSettings(prefill_tokens_per_s=1e9, prefill_overhead_ms=0, tpot_ms=20,
-                        tpot_growth_ms=10)
-        engine = Engine(s, loop)
-        a, b = FakeJob(loop, 1, 8), FakeJob(loop, 1, 8)
-        engine.submit(a)
-        engine.submit(b)
-        await _until(lambda: len(a.times) >= 3)
-        running = engine.num_running
-        await _until(lambda: len(a.times) >= 8 and len(b.times) >= 8)
-        engine.close()
-        return [y - x for x, y in zip(a.times[1:], a.times[2:], strict=False)], running
-
-    gaps, running = asyncio.run(go())
+    loop = VirtualLoop()
+    s = SimSettings(prefill_tokens_per_s=1e9, prefill_overhead_ms=0, tpot_ms=20,
+                    tpot_growth_ms=10)
+    engine = Engine(s, loop)  # type: ignore[arg-type]
+    a, b = FakeJob(loop, 1, 8), FakeJob(loop, 1, 8)
+    engine.submit(a)
+    engine.submit(b)
+    loop.run_until(lambda: len(a.times) >= 3)
+    running = engine.num_running
+    loop.run_until(lambda: len(a.times) >= 8 and len(b.times) >= 8)
+    engine.close()
+    gaps = [y - x for x, y in zip(a.times[1:], a.times[2:], strict=False)]
     assert running == 2
-    mean = sum(gaps) / len(gaps)
-    assert 0.028 <= mean <= 0.040, gaps  # 20 ms + 10 ms x (2 - 1)
+    assert gaps == pytest.approx([0.030] * 6), gaps  # 20 ms + 10 ms x (2 - 1)
 
 
 def test_sub_millisecond_steps_run_in_bursts_at_the_right_rate() -> None:
-    async def go() -> float:
-        loop = asyncio.get_running_loop()
-        s = SimSettings(prefill_tokens_per_s=1e9, prefill_overhead_ms=0, tpot_ms=0.25)
-        engine = Engine(s, loop)
-        job = FakeJob(loop, 1, 401)
-        engine.submit(job)
-        await _until(lambda: len(job.times) >= 401)
-        engine.close()
-        return job.times[-1] - job.times[0]
-
-    elapsed = asyncio.run(go())
-    assert 0.09 <= elapsed <= 0.3  # 400 steps x 0.25 ms = 100 ms
+    loop = VirtualLoop(resolution=TIMER_RESOLUTION)
+    s = SimSettings(prefill_tokens_per_s=1e9, prefill_overhead_ms=0, tpot_ms=0.25)
+    engine = Engine(s, loop)  # type: ignore[arg-type]
+    job = FakeJob(loop, 1, 401)
+    engine.submit(job)
+    loop.run_until(lambda: len(job.times) >= 401)
+    engine.close()
+    # 400 steps x 0.25 ms = 100 ms, though timers fire only every 1 ms (one step per
+    # firing would take 400 ms)
+    assert job.times[-1] - job.times[0] == pytest.approx(0.1)
 
 
 def test_abort_in_prefill_starts_the_next_and_counts_return_to_zero() -> None:
-    async def go() -> tuple[int, int, bool]:
-        loop = asyncio.get_running_loop()
-        s = SimSettings(prefill_tokens_per_s=1000, prefill_overhead_ms=0, tpot_ms=1)
-        engine = Engine(s, loop)
-        slow, fast = FakeJob(loop, 1000, 5), FakeJob(loop, 10, 5)  # 1 s, then 10 ms
-        engine.submit(slow)
-        engine.submit(fast)
-        await asyncio.sleep(0.01)
-        engine.abort(slow)
-        engine.abort(slow)  # idempotent
-        await _until(lambda: len(fast.times) >= 5, 0.5)
-        return engine.num_waiting, engine.num_running, len(fast.times) == 5 and not slow.times
-
-    assert asyncio.run(go()) == (0, 0, True)
+    loop = VirtualLoop()
+    s = SimSettings(prefill_tokens_per_s=1000, prefill_overhead_ms=0, tpot_ms=1)
+    engine = Engine(s, loop)  # type: ignore[arg-type]
+    slow, fast = FakeJob(loop, 1000, 5), FakeJob(loop, 10, 5)  # 1 s, then 10 ms
+    engine.submit(slow)
+    engine.submit(fast)
+    loop.run_for(0.01)
+    engine.abort(slow)
+    engine.abort(slow)  # idempotent
+    loop.run_until(lambda: len(fast.times) >= 5)
+    assert (engine.num_waiting, engine.num_running) == (0, 0)
+    assert fast.times == pytest.approx([0.02, 0.021, 0.022, 0.023, 0.024]) and not slow.times
 
 
 def test_output_length_specs() -> None:
