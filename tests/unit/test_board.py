@@ -233,12 +233,17 @@ def one_request(
     tally[outcome[0] if outcome[1] is None else f"{outcome[0]}/{outcome[1]}"] += 1
 
 
-def worker(path: str, start: Any, results: Any) -> None:
+def worker(path: str, start: Any, midway: Any, results: Any) -> None:
     board = Board(engines=ENGINES, path=path, create=False)
     held: list[tuple[Ticket, Slot, Slot]] = []
     tally: Counter[str] = Counter()
     start.wait()
     for i in range(ROUNDS):
+        if i == ROUNDS // 2:
+            # Both workers hold places here, whatever the host's scheduling did so far (a
+            # worker's run takes milliseconds): the rest runs against the other's holdings,
+            # and the parent has looked at the board while both were running.
+            midway.wait()
         one_request(board, i, held, tally)
         if i % 16 == 0:
             check_limits(board.snapshot())
@@ -251,12 +256,15 @@ def worker(path: str, start: Any, results: Any) -> None:
 def test_two_processes_share_limits_and_the_invariant(shm_path: Path) -> None:
     board = Board(engines=ENGINES, path=shm_path, create=True)
     ctx = multiprocessing.get_context("spawn")
-    start, results = ctx.Barrier(3), ctx.Queue()
-    procs = [ctx.Process(target=worker, args=(str(shm_path), start, results)) for _ in range(2)]
+    start, midway, results = ctx.Barrier(3), ctx.Barrier(3), ctx.Queue()
+    procs = [ctx.Process(target=worker, args=(str(shm_path), start, midway, results))
+             for _ in range(2)]
     for proc in procs:
         proc.start()
     start.wait(timeout=60)
-    snapshots = 0
+    check_limits(board.snapshot())  # the workers are running: they wait for us midway
+    snapshots = 1
+    midway.wait(timeout=60)
     while any(proc.is_alive() for proc in procs) and results.qsize() < 2:
         check_limits(board.snapshot())
         snapshots += 1

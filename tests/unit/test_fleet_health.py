@@ -4,6 +4,7 @@ engine's state (monitoring staleness), against real loopback sockets."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import socket
 from collections.abc import Awaitable, Callable
 
@@ -46,7 +47,9 @@ async def _server(answer: bytes | None) -> tuple[asyncio.AbstractServer, int]:
 
 OK = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n"
 DOWN = b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n"
-CONFIG = Health(interval_s=0.05, timeout_s=0.1, failures_to_evict=3, successes_to_restore=2,
+# Probes of a server that answers get time to be answered on a slow or preempted host (one
+# that times out is a failed probe and leaves the state unknown); the hanging test shortens it.
+CONFIG = Health(interval_s=0.05, timeout_s=2.0, failures_to_evict=3, successes_to_restore=2,
                 monitoring_stale_s=0.3)
 
 
@@ -112,7 +115,8 @@ def test_hanging_probes_leave_the_state_unknown_until_monitoring_is_degraded() -
     async def body() -> None:
         server, port = await _server(None)
         engine = _engine(port)
-        monitor = HealthMonitor([engine], CONFIG, lambda e: None)
+        monitor = HealthMonitor([engine], dataclasses.replace(CONFIG, timeout_s=0.1),
+                                lambda e: None)
         loop = asyncio.get_running_loop()
         start = loop.time()
         while loop.time() - start < 0.5:
@@ -147,10 +151,18 @@ def test_probe_loop_runs_rounds_at_a_fixed_rate() -> None:
         server, port = await _server(OK)
         engine = _engine(port)
         monitor = HealthMonitor([engine], CONFIG, lambda e: None)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
         monitor.start()
-        await asyncio.sleep(0.33)
+        while monitor.rounds < 6:
+            assert loop.time() - start < 5.0, monitor.rounds
+            await asyncio.sleep(0.005)
+        took = loop.time() - start
         await monitor.stop()
-        assert 4 <= monitor.rounds <= 7, monitor.rounds
+        # The k-th round starts no sooner than k intervals in (never faster than the rate,
+        # however late a round ran); 6 rounds of 0.05 s well under twice that (a host stall
+        # may delay rounds, but not by a quarter of a second).
+        assert 6 * CONFIG.interval_s - 0.001 <= took < 6 * CONFIG.interval_s + 0.25, took
         server.close()
         await engine.client.close()
 
