@@ -130,7 +130,9 @@ def sim_received(sim: Proc) -> int:
 
 
 def start_sim_on(port: int, *flags: str) -> Proc:
-    """A simulator on a fixed port (to restart an engine where the router expects it)."""
+    """A simulator on a fixed port (to restart an engine where the router expects it); port
+    0 takes a free one as it binds (a port picked ahead by ``free_port`` may be taken by
+    then, as another connection's local port)."""
     return Proc([sys.executable, "-m", "narwhal.sim", "--host", "127.0.0.1", "--port",
                  str(port), "--tpot-ms", "2", "--prefill-tokens-per-s", "200000", *flags],
                 ready="listening on")

@@ -83,7 +83,8 @@ def router(sim: Proc, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc
             {"name": "e0", "url": sim.url, "dialect": "vllm", "max_prefill": 1, "max_decode": 1}
         ],
         serving={"max_request_bytes": 4096, "http_retention_limit": 3},
-        admission={"mode": "open", "queue_limit": 1, "max_wait_s": 0.5},
+        # max_wait_s: long enough that a stalled test still finds the queue full (below).
+        admission={"mode": "open", "queue_limit": 1, "max_wait_s": 1.2},
     )
     proc = start_router(tmp_path_factory.mktemp("adm"), cfg)
     yield proc
@@ -224,7 +225,8 @@ def _wait_for(base: str, series: str, value: float, timeout: float = 5.0) -> Non
 def test_queue_full_then_wait_expired_then_retention_full(router: Proc) -> None:
     before = metrics(router.url)
     results: list[tuple[int, dict[str, str], bytes]] = []
-    running = _hold(router.url, 60, results)  # holds the only prefill+decode slot ~1.2 s
+    # Holds the only prefill+decode slot ~2.6 s (the simulator's 128-token answer).
+    running = _hold(router.url, 150, results)
     _wait_for(router.url, 'narwhal_engine_inflight{engine="e0",phase="decode"}', 1)
     waiting = _hold(router.url, 2, results)  # waits in the queue (limit 1) ...
     _wait_for(router.url, "narwhal_queued_requests", 1)
@@ -233,7 +235,7 @@ def test_queue_full_then_wait_expired_then_retention_full(router: Proc) -> None:
     )  # ... so this one is refused
     assert (status, headers.get("retry-after"), error_of(raw)["code"]) == (429, "1", "queue_full")
     assert error_of(raw)["type"] == "capacity_error"
-    waiting.join(10)  # max_wait_s 0.5 < the running stream
+    waiting.join(10)  # max_wait_s 1.2 < the running stream
     status, _, raw = next(r for r in results if r[0] != 200)
     err = error_of(raw)
     assert status == 504 and err["code"] == "admission_wait_expired"
@@ -255,7 +257,7 @@ def test_retention_full(sim: Proc, tmp_path: Path) -> None:
     try:
         before = metrics(proc.url)
         results: list[tuple[int, dict[str, str], bytes]] = []
-        holder = _hold(proc.url, 30, results)
+        holder = _hold(proc.url, 100, results)  # retained ~2 s: the refusal comes well before
         _wait_for(proc.url, "narwhal_retained_requests", 1)
         status, headers, raw = post(proc.url, "/v1/chat/completions", chat())
         err = error_of(raw)
@@ -301,8 +303,8 @@ def test_deadline_after_headers_ends_stream_with_error_event(router: Proc) -> No
     status, _, raw = post(
         router.url,
         "/v1/chat/completions",
-        chat(stream=True, max_tokens=200),
-        {"X-Stainless-Timeout": "0.5"},
+        chat(stream=True, max_tokens=200),  # ~2.6 s: headers go out long before the deadline
+        {"X-Stainless-Timeout": "1.2"},
     )
     assert status == 200
     events = [b for b in raw.decode().split("\n\n") if b]

@@ -300,7 +300,8 @@ def test_engine_fault(
 def test_mid_stream_deadline_event_says_during_the_response(fleet: tuple[Proc, Proc]) -> None:
     _, router = fleet
     body = chat("[[fault:hang_mid_stream:2]]", stream=True)
-    _, _, raw = http(router.url, "POST", "/v1/chat/completions", body, {"x-request-timeout": "0.5"})
+    # The deadline leaves a slow host ample time to send the headers before the hang.
+    _, _, raw = http(router.url, "POST", "/v1/chat/completions", body, {"x-request-timeout": "1.5"})
     err = events(raw)[-2]["error"]
     assert err["type"] == "timeout_error" and err["code"] == 504
     assert "before the response started" not in err["message"], err

@@ -22,7 +22,7 @@ from fleet_support import (
     start_sim_on,
     wait_for,
 )
-from procs import Proc, free_port, start_router
+from procs import Proc, start_router
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -34,7 +34,7 @@ class Fleet:
     """Two simulators; e0 is reached through a fault proxy."""
 
     def __init__(self, tmp: Path):
-        self.sims = [start_sim_on(free_port()), start_sim_on(free_port())]
+        self.sims = [start_sim_on(0), start_sim_on(0)]
         self.proxy = FaultProxy(int(self.sims[0].url.rsplit(":", 1)[1]))
         health = {"interval_s": INTERVAL, "timeout_s": 0.5, "failures_to_evict": EVICT,
                   "successes_to_restore": 2, "monitoring_stale_s": 10.0}

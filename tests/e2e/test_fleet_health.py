@@ -3,6 +3,7 @@ degradation when probes hang (a proxy that accepts and never answers)."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from fleet_support import (
     start_sim_on,
     wait_for,
 )
-from procs import free_port, metrics, start_router
+from procs import Proc, free_port, http, metrics, start_router
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -27,8 +28,16 @@ INTERVAL = 0.2
 
 
 def _health(**extra: float) -> dict[str, float]:
-    return {"interval_s": INTERVAL, "timeout_s": 0.3, "failures_to_evict": 3,
+    # A 1 s probe timeout: an engine a loaded host answers late is not failed (a stopped one
+    # is refused at once, and the time a hanging probe takes is asserted on nowhere).
+    return {"interval_s": INTERVAL, "timeout_s": 1.0, "failures_to_evict": 3,
             "successes_to_restore": 2, "monitoring_stale_s": 5.0, **extra}
+
+
+def listed(sim: Proc) -> int:
+    """Good probes the simulator has answered (each reads GET /v1/models before it counts)."""
+    _, _, raw = http(sim.url, "GET", "/sim/stats")
+    return int(json.loads(raw)["models_listed"])
 
 
 def test_stopped_engine_is_evicted_then_restored(tmp_path: Path) -> None:
@@ -43,8 +52,8 @@ def test_stopped_engine_is_evicted_then_restored(tmp_path: Path) -> None:
             "e0": "healthy", "e1": "healthy"}
         counters = Counters(router.url)
 
+        stopped = time.monotonic()  # before the stop: no probe of e0 fails earlier
         sims[0].stop()
-        stopped = time.monotonic()
         wait_for(lambda: engines(router.url)["e0"]["state"] == "unhealthy", timeout=10)
         took = time.monotonic() - stopped
         # Three failed probes, a probe every 0.2 s: not before the third one.
@@ -64,9 +73,8 @@ def test_stopped_engine_is_evicted_then_restored(tmp_path: Path) -> None:
 
         # Restart e0 where the router expects it: back after two good probes.
         sims[0] = start_sim_on(ports[0])
-        restarted = time.monotonic()
         wait_for(lambda: engines(router.url)["e0"]["state"] == "healthy", timeout=10)
-        assert time.monotonic() - restarted >= (2 - 1) * INTERVAL * 0.8
+        assert listed(sims[0]) >= 2  # the new process had answered two probes
         assert ready(router.url) == (200, {"ready": True})
         assert metrics(router.url)['narwhal_engine_up{engine="e0"}'] == 1
         before = sim_received(sims[0])
@@ -86,21 +94,23 @@ def test_stopped_engine_is_evicted_then_restored(tmp_path: Path) -> None:
 def test_hanging_probes_make_the_router_monitoring_degraded_until_they_answer(
     tmp_path: Path,
 ) -> None:
-    sim = start_sim_on(free_port())
+    sim = start_sim_on(0)
     proxy = FaultProxy(int(sim.url.rsplit(":", 1)[1]))
-    stale = 1.0
+    stale = 2.0
     config = fleet_config([proxy.url], health=_health(monitoring_stale_s=stale))
     router = start_router(tmp_path, config)
     try:
         assert ready(router.url) == (200, {"ready": True})
         counters = Counters(router.url)
 
+        hung = time.monotonic()  # before the switch: later probes cannot establish a state
         proxy.mode = "hang"  # the only engine: every probe times out, nothing is established
-        hung = time.monotonic()
         wait_for(lambda: ready(router.url)[1].get("reason") == "monitoring_degraded",
                  timeout=10, every=0.02)
         took = time.monotonic() - hung
-        assert stale * 0.8 <= took <= stale + 3.0, took
+        # Staleness counts from the last probe that answered, up to a round (0.2 s, longer
+        # if the router stalled) before the hang; the first probe timed out ~1.2 s in at most.
+        assert stale - 0.6 <= took <= stale + 3.0, took
         assert ready(router.url) == (503, {"ready": False, "reason": "monitoring_degraded"})
         refused = complete(router.url)
         assert_refused(refused, 503, "monitoring_degraded")

@@ -28,7 +28,7 @@ from fleet_support import (
     start_sim_on,
     wait_for,
 )
-from procs import Proc, free_port, start_router
+from procs import Proc, start_router
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -36,7 +36,7 @@ pytestmark = pytest.mark.timeout(120)
 class Fleet:
     def __init__(self, tmp: Path, **sections: Any):
         # Slow decode on e0 so a long request is still in flight when its wave is drained.
-        self.sims = [start_sim_on(free_port(), "--tpot-ms", "10"), start_sim_on(free_port())]
+        self.sims = [start_sim_on(0, "--tpot-ms", "10"), start_sim_on(0)]
         engines_cfg = [{"name": "e0", "url": self.sims[0].url, "wave": "a"},
                        {"name": "e1", "url": self.sims[1].url, "wave": "b"}]
         config = fleet_config([], engines=engines_cfg, admin=ADMIN_SECTION, **sections)
@@ -71,7 +71,7 @@ def _clean(request: pytest.FixtureRequest) -> Iterator[None]:
 
 # -- the token ------------------------------------------------------------------------------
 def test_admin_routes_are_absent_without_a_configured_token(tmp_path: Path) -> None:
-    sim = start_sim_on(free_port())
+    sim = start_sim_on(0)
     router = start_router(tmp_path, fleet_config([sim.url]))  # no admin section
     try:
         for path in ("/admin/maintenance", "/admin/role", "/admin/engines/e0/drain",
@@ -223,7 +223,7 @@ def test_role_switch_to_standby_and_back(fleet: Fleet) -> None:
 
 
 def test_configured_standby_starts_refusing(tmp_path: Path) -> None:
-    sim = start_sim_on(free_port())
+    sim = start_sim_on(0)
     router = start_router(tmp_path, fleet_config([sim.url], ha={"role": "standby"},
                                                   admin=ADMIN_SECTION), env=ADMIN_ENV)
     try:

@@ -22,7 +22,7 @@ from fleet_support import (
     ready,
     start_sim_on,
 )
-from procs import Proc, free_port, metrics, start_router
+from procs import Proc, metrics, start_router
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -42,7 +42,7 @@ class Fleet:
 
     def __init__(self, tmp: Path, n: int, *, faulty: int = 0, workers: int = 1,
                  **health: Any):
-        self.sims = [start_sim_on(free_port()) for _ in range(n)]
+        self.sims = [start_sim_on(0) for _ in range(n)]
         self.proxies = [FaultProxy(int(s.url.rsplit(":", 1)[1])) for s in self.sims[:faulty]]
         urls = [p.url for p in self.proxies] + [s.url for s in self.sims[faulty:]]
         self.router: Proc = start_router(

@@ -40,7 +40,7 @@ def redis() -> Iterator[RedisServer]:
 
 @pytest.fixture(scope="module")
 def sim() -> Iterator[Proc]:
-    proc = start_sim_on(free_port())
+    proc = start_sim_on(0)
     try:
         yield proc
     finally:

@@ -19,7 +19,7 @@ from test_faults_engine import Leaks, fault_router, rss_bytes, sim_stats
 pytestmark = pytest.mark.timeout(120)
 
 HEADER_TIMEOUT_S = 1.0
-KEEPALIVE_S = 2.0
+KEEPALIVE_S = 3.0  # well past body_case's 1.5 s of quiet: its connection is seen open
 BODY = json.dumps(
     {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 ).encode()

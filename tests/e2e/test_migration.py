@@ -221,7 +221,7 @@ def busy_engine(router: Proc) -> int:
 @pytest.mark.parametrize("stream", [True, False])
 @pytest.mark.parametrize("ids", [True, False])
 def test_engine_killed_mid_stream(tmp_path: Path, stream: bool, ids: bool) -> None:
-    engines = sims(tpot_ms="25")
+    engines = sims(tpot_ms="50")  # 20 to 40 tokens: 1 s or more, still under way at the kill
     router = start_fleet(tmp_path, engines)
     try:
         request = body("a story about a router that never drops a token")

@@ -115,18 +115,20 @@ def test_prompt_alone_over_budget_is_refused_without_retry_after(router: Proc) -
 def test_queued_work_gives_the_exact_retry_after_and_refusals_stop_when_it_drains(
     router: Proc,
 ) -> None:
-    """R1 (2400 tokens, ~2.4 s of prefill) is admitted alone. R2 of the same size, arriving
-    just after, projects R1's remaining prefill + its own, ~4.8 s against a 3 s budget: over
-    by ~1.8 s, so Retry-After is 2 (computed below from the learned model, to the second).
-    A 1000-token request is over by ~0.4 s: Retry-After 1. Once R1's prefill is done, it
-    fits again."""
+    """R1 (2500 tokens, ~2.5 s of prefill) is admitted alone. R2 of the same size, arriving
+    just after, projects R1's remaining prefill + its own, ~5 s against a 3 s budget: over
+    by ~2 s, less the time R1 has run, so Retry-After is 2 (computed below from the learned
+    model, to the second). A 1500-token request is over by up to ~1 s: Retry-After 1. Once
+    R1's prefill is done, it fits again. (The sizes keep both overruns clear of the values
+    where the answer changes for the first ~0.5 s after R1 is placed, which a slow host may
+    take to ask.)"""
     model = get_json(router.url + "/engines")["engines"][0]["learned"]
     cost = lambda n: model["prefill_overhead_s"] + n / model["prefill_tokens_per_s"]  # noqa: E731
     before = metrics(router.url)
     first: dict[str, Any] = {}
 
     def r1() -> None:
-        first["result"] = post(router.url, prompt(2400))
+        first["result"] = post(router.url, prompt(2500))
 
     thread = threading.Thread(target=r1)
     start = time.monotonic()
@@ -139,22 +141,24 @@ def test_queued_work_gives_the_exact_retry_after_and_refusals_stop_when_it_drain
         time.sleep(0.01)
     placed_by = time.monotonic() - start
     assert placed_by < 1.0, first
-    status, headers, raw, _ = post(router.url, prompt(2400))
+    status, headers, raw, _ = post(router.url, prompt(2500))
     asked_by = time.monotonic() - start
     assert status == 429, raw
     assert error(raw)["code"] == "ttft_budget_exceeded"
     # R1 was placed between 0 and placed_by s after start; R2 was projected before asked_by
-    late, early = (2 * cost(2400) - asked_by - BUDGET, 2 * cost(2400) - BUDGET)
-    assert late >= 1.5 and early < 2.5  # the overrun, whenever R1 was placed: 1.5 to 2.5 s
-    assert headers["retry-after"] == "2" == str(half_up(late)) == str(half_up(early))
+    late, early = (2 * cost(2500) - asked_by - BUDGET, 2 * cost(2500) - BUDGET)
+    assert late > 0.5 and early < 2.5, (late, early)  # the overrun, whenever R1 was placed
+    # 2 unless a slow host asked so late (asked_by > ~0.5 s) that 1 is right too
+    assert headers["retry-after"] in {str(half_up(late)), str(half_up(early))}, (late, early)
+    assert str(half_up(early)) == "2"
     # a shorter prompt does not fit either while R1's prefill is ahead of it
-    status, headers, raw, _ = post(router.url, prompt(1000))
+    status, headers, raw, _ = post(router.url, prompt(1500))
     assert status == 429 and error(raw)["code"] == "ttft_budget_exceeded"
-    assert headers["retry-after"] == "1"  # over by ~0.4 s: rounded half up, at least 1
+    assert headers["retry-after"] == "1"  # over by up to ~1 s: rounded half up, at least 1
 
     thread.join(10)
     status, _, _, ttft = first["result"]
-    assert status == 200 and ttft == pytest.approx(cost(2400), rel=0.2)
+    assert status == 200 and ttft == pytest.approx(cost(2500), rel=0.2)
     status, _, raw, _ = post(router.url, prompt(1000))  # drained: admitted again
     assert status == 200, raw
     after = metrics(router.url)

@@ -8,10 +8,20 @@ import socket
 import threading
 import time
 import urllib.request
+from pathlib import Path
 
 import openai
 import pytest
-from procs import MODEL, Proc, get_json, invariant_holds, metrics, router_config, start_router
+from procs import (
+    MODEL,
+    Proc,
+    get_json,
+    invariant_holds,
+    metrics,
+    router_config,
+    start_router,
+    start_sim,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -208,13 +218,28 @@ def test_client_disconnect_cancels_engine_request(router: Proc, engines: list[Pr
     assert m["narwhal_cancelled_total"] >= 1
 
 
-def test_sigterm_drains_inflight_stream(engines: list[Proc], tmp_path: object) -> None:
-    from pathlib import Path
+def _wait_inflight(base: str, phase: str, timeout: float = 10.0) -> None:
+    """Until some engine has a request in ``phase`` (bounded)."""
+    deadline = time.monotonic() + timeout
+    while not any(v for k, v in metrics(base).items()
+                  if k.startswith("narwhal_engine_inflight") and f'phase="{phase}"' in k):
+        assert time.monotonic() < deadline, f"no request reached {phase}"
+        time.sleep(0.02)
 
-    proc = start_router(Path(str(tmp_path)), router_config([e.url for e in engines]))
+
+def test_sigterm_drains_inflight_stream(tmp_path: Path) -> None:
+    sim = start_sim("--tpot-ms", "10")  # its 128-token answer: ~1.3 s of decode
+    try:
+        _drain_on_sigterm(tmp_path, sim)
+    finally:
+        sim.stop()
+
+
+def _drain_on_sigterm(tmp: Path, sim: Proc) -> None:
+    proc = start_router(tmp, router_config([sim.url]))
     try:
         body = _chat()
-        body["max_tokens"] = 200  # ~0.4 s of decode at 2 ms per token
+        body["max_tokens"] = 200
         result: dict[str, object] = {}
 
         def run() -> None:
@@ -222,7 +247,7 @@ def test_sigterm_drains_inflight_stream(engines: list[Proc], tmp_path: object) -
 
         t = threading.Thread(target=run)
         t.start()
-        time.sleep(0.15)
+        _wait_inflight(proc.url, "decode")  # the stream is under way
         proc.signal(signal.SIGTERM)
         t.join(20)
         status, _, raw = result["resp"]  # type: ignore[misc]
@@ -240,10 +265,7 @@ def test_client_leaving_while_the_engine_hangs_before_headers_ends_at_once(route
     before = metrics(router.url)
     sock = socket.create_connection((host, int(port)))
     sock.sendall(_request_bytes(body))
-    deadline = time.monotonic() + 5
-    while metrics(router.url)["narwhal_retained_requests"] < 1 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    time.sleep(0.2)  # dispatched: the engine holds the request without answering
+    _wait_inflight(router.url, "prefill")  # dispatched: the engine holds it without answering
     sock.close()
     deadline = time.monotonic() + 3
     m = metrics(router.url)
