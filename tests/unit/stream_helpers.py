@@ -115,3 +115,23 @@ def finish_error(impl: str, body: bytes, route: str = "chat", **opts: Any) -> tu
     except ValueError as e:
         return e.code, e.message  # type: ignore[attr-defined]
     raise AssertionError("finish() did not raise")
+
+
+def end_state(s: Any, assemble: bool) -> dict[str, Any]:
+    """What a session shows once fed (for comparing the Rust session with its oracle): its
+    failure code, events, counts and the engine's figures, and the assembled answer (or the
+    code ``finish`` raised) when ``assemble``."""
+    state: dict[str, Any] = {
+        "failure": s.failure and s.failure[0],
+        "events": s.events,
+        "output_tokens": s.output_tokens,
+        "engine_error": s.engine_error,
+        "usage_tokens": s.engine_usage_completion_tokens,
+        "prompt_tokens": s.engine_prompt_tokens,
+    }
+    if assemble:
+        try:
+            state["finish"] = s.finish()
+        except ValueError as e:
+            state["finish"] = getattr(e, "code", "no code")
+    return state

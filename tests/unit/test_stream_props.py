@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from stream_helpers import end_state
+
 from narwhal._narwhal_fast import StreamSession
 from reference import stream_oracle
 
@@ -309,22 +311,8 @@ def run(cls: Any, route: str, opts: dict[str, Any], reads: list[bytes]) -> dict[
     s = cls(route, **opts)
     result: dict[str, Any] = {"reads": [s.feed(r) for r in reads]}
     result["after"] = s.feed(b"data: {}\n\n")
-    result |= {
-        "failure": s.failure and s.failure[0],
-        "events": s.events,
-        "output_tokens": s.output_tokens,
-        "engine_error": s.engine_error,
-        "usage_tokens": s.engine_usage_completion_tokens,
-        "prompt_tokens": s.engine_prompt_tokens,
-        "cached_tokens": s.engine_cached_tokens,
-        "started": s.started,
-    }
-    if opts["assemble"]:
-        try:
-            result["finish"] = s.finish()
-        except ValueError as e:
-            result["finish"] = getattr(e, "code", "no code")
-    return result
+    result |= {"cached_tokens": s.engine_cached_tokens, "started": s.started}
+    return result | end_state(s, opts["assemble"])
 
 
 @SETTINGS

@@ -16,7 +16,19 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from stream_helpers import DONE, IMPLS, cc, ch, chat, completion, dumps, role, session, sse
+from stream_helpers import (
+    DONE,
+    IMPLS,
+    cc,
+    ch,
+    chat,
+    completion,
+    dumps,
+    end_state,
+    role,
+    session,
+    sse,
+)
 
 from reference import stream_oracle
 from reference.chunked_oracle import ChunkedDecoder
@@ -167,22 +179,7 @@ def run(cls: Any, route: str, opts: dict[str, Any], hops: list[list[bytes]]) -> 
         if not resumed:
             break
         seen.append([s.feed(r) for r in reads])
-    result = {
-        "seen": seen,
-        "point": s.resume_point(),
-        "failure": s.failure and s.failure[0],
-        "events": s.events,
-        "output_tokens": s.output_tokens,
-        "engine_error": s.engine_error,
-        "usage_tokens": s.engine_usage_completion_tokens,
-        "prompt_tokens": s.engine_prompt_tokens,
-    }
-    if opts["assemble"]:
-        try:
-            result["finish"] = s.finish()
-        except ValueError as e:
-            result["finish"] = getattr(e, "code", "no code")
-    return result
+    return {"seen": seen, "point": s.resume_point()} | end_state(s, opts["assemble"])
 
 
 @pytest.mark.parametrize("route", ["chat", "completion"])
