@@ -4,22 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from .oracle_json import OUTPUT_KEYS, delta_of, dumps, is_uint, malformed, unsupported, want
+from .oracle_json import (
+    CHOICE_KEYS,
+    OUTPUT_KEYS,
+    delta_of,
+    dumps,
+    is_uint,
+    malformed,
+    unsupported,
+    want,
+)
 
 DELTA_KEYS = frozenset({"role", *OUTPUT_KEYS})
-CHOICE_KEYS = frozenset(
-    {
-        "index",
-        "delta",
-        "text",
-        "logprobs",
-        "finish_reason",
-        "stop_reason",
-        "matched_stop",
-        "token_ids",
-        "prompt_token_ids",
-    }
-)
 CHAT_LOGPROB_KEYS = ("content", "refusal")
 COMPLETION_LOGPROB_KEYS = ("text_offset", "token_logprobs", "tokens", "top_logprobs")
 

@@ -14,6 +14,19 @@ OUTPUT_KEYS = (
     "tool_calls",
     "function_call",
 )
+CHOICE_KEYS = frozenset({
+    "index",
+    "delta",
+    "text",
+    "logprobs",
+    "finish_reason",
+    "stop_reason",
+    "matched_stop",
+    "token_ids",
+    "prompt_token_ids",
+})
+"""A streamed choice's fields the session knows (any other with a value is kept as is when
+assembling, and makes an answer not resumable)."""
 
 
 class StreamError(ValueError):

@@ -19,28 +19,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from .oracle_json import delta_of, dumps, is_uint, malformed
+from .oracle_json import CHOICE_KEYS, delta_of, dumps, is_uint, malformed
 
 PLAIN_DELTA_KEYS = ("role", "content")
 STRUCTURE_DELTA_KEYS = ("reasoning", "reasoning_content", "refusal", "tool_calls", "function_call")
-KNOWN_CHOICE_KEYS = (
-    "index",
-    "delta",
-    "text",
-    "logprobs",
-    "finish_reason",
-    "stop_reason",
-    "matched_stop",
-    "token_ids",
-    "prompt_token_ids",
-)
 
 
 def is_plain_text(choice: dict[str, Any]) -> bool:
     """No finish, logprobs, structure (reasoning, refusal, calls) or unknown non-null field."""
     if choice.get("finish_reason") is not None or choice.get("logprobs") is not None:
         return False
-    if any(v is not None for k, v in choice.items() if k not in KNOWN_CHOICE_KEYS):
+    if any(v is not None for k, v in choice.items() if k not in CHOICE_KEYS):
         return False
     return all(v is None for k, v in delta_of(choice).items() if k not in PLAIN_DELTA_KEYS)
 
