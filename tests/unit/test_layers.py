@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2] / "python" / "narwhal"
 
 LAYERS: dict[str, int] = {
     # the base: no imports from the rest of the router
-    "_narwhal_fast": 0, "config": 0, "errors": 0, "http1": 0, "sim": 0,
+    "_narwhal_fast": 0, "config": 0, "errors": 0, "http1": 0, "sim": 0, "tasks": 0,
     # a request as data; the engine HTTP client; the client-facing HTTP server
     "request": 1, "upstream": 1, "server": 1,
     "fleet": 2,        # engines, health, outlier ejection, maintenance, HA

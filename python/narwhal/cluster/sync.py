@@ -41,6 +41,7 @@ from narwhal.cluster.quota import (
 from narwhal.cluster.store import RedisStore
 from narwhal.config import Cluster
 from narwhal.fleet.ha import INSTANCE_ID
+from narwhal.tasks import stop_task
 
 log = logging.getLogger("narwhal.cluster")
 
@@ -50,6 +51,8 @@ TTL_INTERVALS = 10
 MAX_ENGINES = 4096
 """Engine indices the quota table holds (the board's own maximum)."""
 MIN_TTL_MS = 1000
+STOP_WAIT_S = 1.0
+"""How long stopping waits for the sync loop (a round is bounded by the store's timeouts)."""
 
 Receiver = Callable[[str, Any], None]
 
@@ -104,6 +107,7 @@ class ClusterSync:
         self._outbox: dict[str, Any] = {}
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
 
     # -- shared documents --------------------------------------------------------------------
     def publish(self, kind: str, doc: Any) -> None:
@@ -140,21 +144,23 @@ class ClusterSync:
         return str(index)
 
     # -- lifecycle ---------------------------------------------------------------------------
-    async def start(self) -> None:
-        """Connect, run one round (bounded by the store's timeouts) and sync in the
-        background. A failed first round leaves the instance serving alone's fallback."""
-        self.store = RedisStore(self.config.url or "", self.config.key_prefix,
-                                max(0.05, self.ttl_ms / 4000))
+    async def start(self, store: RedisStore | None = None) -> None:
+        """Connect (to ``store``, by default the configured Redis), run one round (bounded by
+        the store's timeouts) and sync in the background. A failed first round leaves the
+        instance serving alone's fallback."""
+        self.store = store if store is not None else RedisStore(
+            self.config.url or "", self.config.key_prefix, max(0.05, self.ttl_ms / 4000))
         self._wake = asyncio.Event()
         await self._round()
         self._task = asyncio.get_running_loop().create_task(self._run(), name="cluster")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        """End the sync loop (bounded: see ``narwhal.tasks``), then leave the cluster."""
+        self._stopping = True
+        task, self._task = self._task, None
+        if task is not None and not await stop_task(task, STOP_WAIT_S):
+            log.warning("cluster sync did not stop within %.1f s of its cancellation; left "
+                        "behind", STOP_WAIT_S)
         store, self.store = self.store, None
         if store is not None:
             with contextlib.suppress(Exception):
@@ -168,7 +174,7 @@ class ClusterSync:
     async def _run(self) -> None:
         wake = self._wake
         assert wake is not None
-        while True:
+        while not self._stopping:  # also ends a loop whose cancellation a round swallowed
             timer = asyncio.get_running_loop().call_later(self.interval_s, wake.set)
             try:
                 await wake.wait()

@@ -10,6 +10,8 @@ import secrets
 import socket
 from typing import TYPE_CHECKING, Any, Protocol
 
+from narwhal.tasks import stop_task
+
 if TYPE_CHECKING:
     from narwhal.config import Lease
 
@@ -141,6 +143,7 @@ class RedisLease:
         self._claim: Any = None
         self._release: Any = None
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
 
     # -- the router's view --------------------------------------------------------------
     def holds(self) -> bool:
@@ -191,10 +194,11 @@ class RedisLease:
 
     async def stop(self) -> None:
         """Stop renewing and hand the lease back, so a standby need not wait for the TTL."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        self._stopping = True
+        task, self._task = self._task, None
+        if task is not None and not await stop_task(task, self.ttl_s):
+            log.warning("lease loop did not stop within %.1f s of its cancellation; left "
+                        "behind", self.ttl_s)
         client, self._client = self._client, None
         if client is None:
             return
@@ -212,7 +216,7 @@ class RedisLease:
 
     # -- the lease loop -------------------------------------------------------------------
     async def _run(self, delay: float) -> None:
-        while True:
+        while not self._stopping:  # also ends a loop whose cancellation a claim swallowed
             await asyncio.sleep(delay)
             delay = await self._tick()
 
