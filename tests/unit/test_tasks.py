@@ -1,18 +1,30 @@
-"""Stopping background tasks whose cancellation is swallowed under them (``narwhal.tasks``,
-and the loops that use it: the cluster's sync, the HA lease in test_fleet_ha.py)."""
+"""Stopping background loops whose cancellation is swallowed under them (``narwhal.tasks``):
+the cluster's sync, the health probes and discovery here, the HA lease in test_fleet_ha.py.
+
+Each loop's round is replaced by one that, like ``asyncio.wait_for`` on CPython 3.11 or
+redis-py when the call completes in the cancelling turn, returns normally from the call it
+was cancelled in. Without the loops' stop flags, ``stop()`` waits forever (the tests are
+bounded, and asyncio.run's clean-up then hangs until the test's timeout)."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 
 from narwhal._narwhal_fast import Board
 from narwhal.cluster.sync import ClusterSync
-from narwhal.config import Cluster
+from narwhal.config import Cluster, Discovery, EngineConfig, Health
+from narwhal.control.discovery import Discovery as DiscoveryLoops
+from narwhal.fleet.engine import Engine
+from narwhal.fleet.health import HealthMonitor
 from narwhal.learning import Learning
 from narwhal.tasks import stop_task
+from narwhal.upstream.client import EngineClient
+
+pytestmark = pytest.mark.timeout(20)
 
 
 def test_stop_task_waits_for_a_task_that_ends_and_gives_up_on_one_that_does_not() -> None:
@@ -46,28 +58,48 @@ def test_stop_task_waits_for_a_task_that_ends_and_gives_up_on_one_that_does_not(
     asyncio.run(main())
 
 
-class SwallowingStore:
-    """A cluster store whose ``sync``, like redis-py with a command in flight, finishes the
-    call it was cancelled in and returns normally."""
+class Round:
+    """A loop's round that swallows the cancellation it receives and returns normally."""
 
     def __init__(self) -> None:
-        self.in_sync = asyncio.Event()
+        self.running = asyncio.Event()
+        self.count = 0
         self.swallowed = 0
-        self.syncs = 0
+
+    async def __call__(self, *_: Any) -> None:
+        self.count += 1
+        self.running.set()
+        try:
+            await asyncio.sleep(0.05)
+        except asyncio.CancelledError:
+            self.swallowed += 1
+        finally:
+            self.running.clear()
+
+
+async def stop_in_a_round(round_: Round, stop: Callable[[], Awaitable[None]]) -> None:
+    """Stop while a round of the background loop (not the first, which ``start`` may run
+    itself) is under way; the stop must end, and the round must have swallowed the cancel."""
+    while round_.count < 2 or not round_.running.is_set():
+        await asyncio.sleep(0.001)
+    stopping = asyncio.ensure_future(stop())
+    done, _ = await asyncio.wait({stopping}, timeout=5)
+    assert done, "the loop went on after its cancellation was swallowed"
+    assert round_.swallowed == 1
+
+
+class SwallowingStore:
+    """A cluster store whose ``sync`` swallows a cancellation (as redis-py can)."""
+
+    def __init__(self) -> None:
+        self.round = Round()
         self.left = self.closed = False
 
     async def claim(self, instance: str, ttl_ms: int, asks: Any) -> tuple[Any, Any]:
         return {}, {}
 
     async def sync(self, member: str, ttl_ms: int, load: Any, seen: int) -> tuple[Any, ...]:
-        self.syncs += 1
-        self.in_sync.set()
-        try:
-            await asyncio.sleep(0.05)
-        except asyncio.CancelledError:
-            self.swallowed += 1
-        finally:
-            self.in_sync.clear()
+        await self.round()
         return 0, {}, []
 
     async def publish(self, kind: str, member: str, doc: Any) -> None:
@@ -80,7 +112,6 @@ class SwallowingStore:
         self.closed = True
 
 
-@pytest.mark.timeout(20)  # without the stop flag, the loop (and so asyncio.run) never ends
 def test_cluster_sync_stops_when_a_round_swallows_its_cancellation() -> None:
     async def main() -> None:
         config = Cluster(backend="redis", url="redis://127.0.0.1:1/0", sync_interval_ms=10)
@@ -88,13 +119,46 @@ def test_cluster_sync_stops_when_a_round_swallows_its_cancellation() -> None:
         store = SwallowingStore()
         await sync.start(store)  # type: ignore[arg-type]
         assert sync.syncs == [1, 0] and not sync.degraded
-        while store.syncs < 2 or not store.in_sync.is_set():  # a round of the loop is in sync
-            await asyncio.sleep(0.001)
-        stopping = asyncio.ensure_future(sync.stop())
-        done, _ = await asyncio.wait({stopping}, timeout=5)
-        assert done, "the sync loop went on after its cancellation was swallowed"
-        assert store.swallowed == 1
+        await stop_in_a_round(store.round, sync.stop)
         assert store.left and store.closed  # it left the cluster, as on any stop
         assert sync.store is None
+
+    asyncio.run(main())
+
+
+class SwallowingMonitor(HealthMonitor):
+    probe_round = Round()
+
+    async def probe_all(self) -> None:
+        await self.probe_round()
+
+
+def test_health_monitor_stops_when_a_probe_round_swallows_its_cancellation() -> None:
+    async def main() -> None:
+        cfg = EngineConfig(name="e0", url="http://127.0.0.1:1")
+        engine = Engine(0, cfg, EngineClient(cfg.url))
+        monitor = SwallowingMonitor([engine], Health(interval_s=0.01), lambda e: None)
+        monitor.probe_round = Round()
+        monitor.start()
+        await stop_in_a_round(monitor.probe_round, monitor.stop)
+        await engine.client.close()
+
+    asyncio.run(main())
+
+
+class SwallowingDiscovery(DiscoveryLoops):
+    file_round = Round()
+
+    async def _file_round(self, path: str) -> None:
+        await self.file_round(path)
+
+
+def test_discovery_stops_when_a_round_swallows_its_cancellation() -> None:
+    async def main() -> None:
+        discovery = SwallowingDiscovery(Discovery(file="engines.yaml", interval_s=0.01),
+                                        sink=None)  # type: ignore[arg-type]
+        discovery.file_round = Round()
+        await discovery.start()
+        await stop_in_a_round(discovery.file_round, discovery.stop)
 
     asyncio.run(main())

@@ -6,7 +6,6 @@ unchanged list changes nothing; a source that fails to read changes nothing)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ipaddress
 import logging
 import os
@@ -17,8 +16,11 @@ from typing import Any, Protocol
 from narwhal.config import ConfigError, DnsDiscovery
 from narwhal.config import Discovery as DiscoveryConfig
 from narwhal.config.loader import config_data, load_config_data
+from narwhal.tasks import stop_task
 
 log = logging.getLogger("narwhal.discovery")
+STOP_WAIT_S = 1.0
+"""How long stopping waits for each discovery loop after cancelling it."""
 
 
 class Sink(Protocol):
@@ -97,6 +99,7 @@ class Discovery:
         self.entries: dict[str, list[Any]] = {}  # per source: its last good list
         self.errors = 0  # reads that failed (logged once per change of error)
         self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
         self._last_error: dict[str, str] = {}
         self._refused: dict[str, list[Any]] = {}  # per source: the list the fleet refused
 
@@ -114,15 +117,16 @@ class Discovery:
                                                             dns)))
 
     async def stop(self) -> None:
+        """End the discovery loops (bounded: see ``narwhal.tasks``)."""
+        self._stopping = True
         for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            if not await stop_task(task, STOP_WAIT_S):
+                log.warning("discovery task did not stop within %.1f s of its cancellation; "
+                            "left behind", STOP_WAIT_S)
         self._tasks.clear()
 
     async def _every(self, interval_s: float, round_: Any, arg: Any) -> None:
-        while True:
+        while not self._stopping:  # also ends a loop whose cancellation a round swallowed
             await asyncio.sleep(interval_s)
             try:
                 await round_(arg)

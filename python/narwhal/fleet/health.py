@@ -15,6 +15,7 @@ import orjson
 from narwhal.fleet.engine import Engine, Health
 from narwhal.fleet.outlier import Fleet
 from narwhal.request.models import Card, parse_cards
+from narwhal.tasks import stop_task
 from narwhal.upstream.client import UpstreamError
 
 if TYPE_CHECKING:
@@ -30,6 +31,8 @@ _LOAD_RE = re.compile(
 # Probe failures that still establish the engine's state: it answered, or its host refused
 # or reset the connection. Only a probe that hears nothing ("timeout") leaves it unknown.
 _KNOWN_FAILURES = frozenset({"connect", "reset", "protocol"})
+STOP_WAIT_S = 1.0
+"""How long stopping waits for each health task after cancelling it."""
 
 
 class HealthMonitor:
@@ -64,6 +67,7 @@ class HealthMonitor:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
         self._extra: set[asyncio.Task[None]] = set()  # probes outside the rounds
+        self._stopping = False
         self.outliers = Fleet(
             engines,
             threshold=config.failures_to_evict,
@@ -201,14 +205,15 @@ class HealthMonitor:
         the previous round overran it)."""
         loop = asyncio.get_running_loop()
         next_at = loop.time() + self.config.interval_s
-        while True:
+        while not self._stopping:  # also ends a loop whose cancellation a round swallowed
             await asyncio.sleep(max(0.0, next_at - loop.time()))
             next_at = max(next_at + self.config.interval_s, loop.time())
             await self.probe_all()
 
     async def stop(self) -> None:
+        """End the probe loop and any probe outside it (bounded: see ``narwhal.tasks``)."""
+        self._stopping = True
         for task in (self._task, *self._extra):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            if task is not None and not await stop_task(task, STOP_WAIT_S):
+                log.warning("health task %s did not stop within %.1f s of its cancellation; "
+                            "left behind", task.get_name(), STOP_WAIT_S)
