@@ -34,7 +34,8 @@ from narwhal.config import parse_config
 from narwhal.fleet.engine import Health
 from narwhal.learning.latency import PrefillModel
 from narwhal.serve import limits_of, settle_gc
-from narwhal.server.http import HttpProtocol, HttpServer
+from narwhal.server.http import HttpProtocol
+from narwhal.server.listener import HttpServer
 from narwhal.upstream.client import EngineClient
 from narwhal.upstream.connection import EngineConnection
 

@@ -21,7 +21,8 @@ from narwhal.cluster import check_backend as check_cluster
 from narwhal.config import MAX_ENGINES, Config
 from narwhal.fleet.ha import MissingExtra
 from narwhal.prefork import Prefork
-from narwhal.server.http import HttpServer, ServerLimits
+from narwhal.server.exchange import ServerLimits
+from narwhal.server.listener import HttpServer
 
 log = logging.getLogger("narwhal")
 

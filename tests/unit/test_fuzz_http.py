@@ -16,14 +16,9 @@ from typing import Any
 
 from test_http_protocol import FakeTransport
 
-from narwhal.server.http import (
-    EarlyResponse,
-    HttpProtocol,
-    HttpServer,
-    Request,
-    Responder,
-    ServerLimits,
-)
+from narwhal.server.exchange import EarlyResponse, Request, Responder, ServerLimits
+from narwhal.server.http import HttpProtocol
+from narwhal.server.listener import HttpServer
 
 INPUTS = int(os.environ.get("NARWHAL_FUZZ_HTTP_INPUTS", "3000"))
 LIMITS = ServerLimits(max_header_bytes=2048, max_headers=16, max_request_bytes=512)

@@ -7,14 +7,9 @@ from typing import Any
 
 import pytest
 
-from narwhal.server.http import (
-    EarlyResponse,
-    HttpProtocol,
-    HttpServer,
-    Request,
-    Responder,
-    ServerLimits,
-)
+from narwhal.server.exchange import EarlyResponse, Request, Responder, ServerLimits
+from narwhal.server.http import HttpProtocol
+from narwhal.server.listener import HttpServer
 
 
 class FakeTransport(asyncio.Transport):

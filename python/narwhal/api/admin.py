@@ -14,7 +14,7 @@ from narwhal.fleet.engine import Engine
 from narwhal.fleet.ha import StaticRole
 from narwhal.fleet.maintenance import UnknownWave
 from narwhal.fleet.state import RouterState
-from narwhal.server.http import Request, Responder
+from narwhal.server.exchange import Request, Responder
 from narwhal.server.responses import refusal_response
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ from narwhal.errors.table import READY_REASONS
 from narwhal.fleet.engine import Engine
 from narwhal.learning import Learning
 from narwhal.request.models import Catalog
-from narwhal.server.http import Responder
+from narwhal.server.exchange import Responder
 
 INFO_ROUTES = frozenset({"/health", "/ready", "/metrics", "/engines", "/v1/models"})
 

@@ -9,7 +9,7 @@ from narwhal.api.info import INFO_ROUTES, InfoRoutes
 from narwhal.errors import Refusal
 from narwhal.flow.completion import COMPLETION_ROUTES, CompletionFlow, early
 from narwhal.flow.context import RequestContext
-from narwhal.server.http import EarlyResponse, Request, Responder
+from narwhal.server.exchange import EarlyResponse, Request, Responder
 from narwhal.server.responses import error_body
 
 _AUTH_MESSAGE = "A valid API key is required (Authorization: Bearer <key>)."

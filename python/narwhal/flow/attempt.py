@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from narwhal.errors import Refusal
 from narwhal.fleet.engine import Engine
-from narwhal.server.http import Responder
+from narwhal.server.exchange import Responder
 from narwhal.upstream.client import UpstreamError, UpstreamResponse
 
 log = logging.getLogger("narwhal.attempt")

@@ -28,7 +28,7 @@ from narwhal.request.deadlines import Deadlines
 from narwhal.request.models import Served
 from narwhal.request.parse import parse_request
 from narwhal.scheduling.placement import Scheduler
-from narwhal.server.http import EarlyResponse, Request, Responder
+from narwhal.server.exchange import EarlyResponse, Request, Responder
 from narwhal.server.responses import refusal_response
 
 COMPLETION_ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}

@@ -20,7 +20,7 @@ import orjson
 from narwhal.errors import Refusal
 from narwhal.fleet.engine import Engine
 from narwhal.flow.attempt import CANCELLED, Ended, Retry, dispatch
-from narwhal.server.http import Responder
+from narwhal.server.exchange import Responder
 from narwhal.upstream.client import UpstreamError
 
 

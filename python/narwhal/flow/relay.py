@@ -41,7 +41,7 @@ from narwhal.request.engine_body import (
 )
 from narwhal.request.parse import Parsed
 from narwhal.scheduling.placement import Placement, Scheduler
-from narwhal.server.http import Responder
+from narwhal.server.exchange import Responder
 from narwhal.server.responses import midstream_error_event, refusal_response
 from narwhal.upstream.client import UpstreamResponse
 

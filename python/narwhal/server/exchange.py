@@ -1,9 +1,11 @@
-"""One HTTP exchange: the parsed request, an early answer, and the response writer."""
+"""One HTTP exchange: the parsed request, an early answer, and the response writer; and
+what the server asks of the application (:class:`App`) within its limits."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from narwhal.server.flow_control import FlowControl
@@ -204,3 +206,32 @@ class Responder:
         callback, self.on_disconnect = self.on_disconnect, None
         if callback is not None:
             callback()
+
+
+@dataclass(frozen=True, slots=True)
+class ServerLimits:
+    """HTTP-layer limits (from ``serving`` in the configuration)."""
+
+    header_timeout_s: float = 10.0
+    keepalive_timeout_s: float = 5.0
+    max_header_bytes: int = 65536
+    max_headers: int = 100
+    max_request_bytes: int = 1048576
+    write_buffer_high_bytes: int = 262144
+
+
+class App(Protocol):
+    """What the server needs from the application."""
+
+    def on_headers(self, request: Request) -> None:
+        """Called when headers are complete; may raise EarlyResponse."""
+
+    def on_body_too_large(self, request: Request) -> EarlyResponse:
+        """A body (chunked, or lying about its length) crossed ``max_request_bytes``."""
+
+    def on_abandon(self, request: Request, *, malformed: bool = False) -> None:
+        """The request ended before its handler started: the client left (mid-upload or
+        pipelined), or, ``malformed``, its body broke the HTTP framing (answered 400)."""
+
+    def handle(self, request: Request, responder: Responder) -> Awaitable[None]:
+        """Answer the request through the responder."""

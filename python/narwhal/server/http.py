@@ -11,8 +11,6 @@ import asyncio
 import contextlib
 import socket
 from collections import deque
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 import httptools
@@ -20,57 +18,32 @@ import httptools
 from narwhal.errors import Refusal
 from narwhal.http1 import merge_headers
 from narwhal.server.eager import start_task
-from narwhal.server.exchange import EarlyResponse, Headers, Request, Responder
+from narwhal.server.exchange import App, EarlyResponse, Request, Responder, ServerLimits
 from narwhal.server.flow_control import FlowControl
 from narwhal.server.responses import STATUS_LINES, error_body, refusal_response
 
-__all__ = [
-    "App",
-    "EarlyResponse",
-    "Headers",
-    "HttpProtocol",
-    "HttpServer",
-    "Request",
-    "Responder",
-    "ServerLimits",
-]
+__all__ = ["HttpProtocol", "Server"]
 
 _MAX_PIPELINED = 32
 
 
-@dataclass(frozen=True, slots=True)
-class ServerLimits:
-    """HTTP-layer limits (from ``serving`` in the configuration)."""
+class Server(Protocol):
+    """What a connection needs from the server that accepted it
+    (``server.listener.HttpServer``)."""
 
-    header_timeout_s: float = 10.0
-    keepalive_timeout_s: float = 5.0
-    max_header_bytes: int = 65536
-    max_headers: int = 100
-    max_request_bytes: int = 1048576
-    write_buffer_high_bytes: int = 262144
+    app: App
+    limits: ServerLimits
+    loop: asyncio.AbstractEventLoop
+    connections: set[HttpProtocol]
+    draining: bool
 
-
-class App(Protocol):
-    """What the server needs from the application."""
-
-    def on_headers(self, request: Request) -> None:
-        """Called when headers are complete; may raise EarlyResponse."""
-
-    def on_body_too_large(self, request: Request) -> EarlyResponse:
-        """A body (chunked, or lying about its length) crossed ``max_request_bytes``."""
-
-    def on_abandon(self, request: Request, *, malformed: bool = False) -> None:
-        """The request ended before its handler started: the client left (mid-upload or
-        pipelined), or, ``malformed``, its body broke the HTTP framing (answered 400)."""
-
-    def handle(self, request: Request, responder: Responder) -> Awaitable[None]:
-        """Answer the request through the responder."""
+    def log_exception(self, request: Request) -> None: ...
 
 
 class HttpProtocol(asyncio.Protocol):
     """One client connection."""
 
-    def __init__(self, server: HttpServer):
+    def __init__(self, server: Server):
         # shared
         self.server = server
         self.app = server.app
@@ -408,58 +381,3 @@ class HttpProtocol(asyncio.Protocol):
         """Graceful shutdown: close when idle; an active exchange finishes first."""
         if self.active is None and not self.pending:
             self.close()
-
-
-class HttpServer:
-    """Listening sockets and the set of live connections."""
-
-    def __init__(
-        self,
-        app: App,
-        limits: ServerLimits,
-        loop: asyncio.AbstractEventLoop,
-        log_exception: Callable[[Request], None] | None = None,
-    ):
-        self.app = app
-        self.limits = limits
-        self.loop = loop
-        self.connections: set[HttpProtocol] = set()
-        self.draining = False
-        self._servers: list[asyncio.AbstractServer] = []
-        self._log_exception = log_exception
-
-    def log_exception(self, request: Request) -> None:
-        if self._log_exception is not None:
-            self._log_exception(request)
-
-    async def listen(
-        self, host: str, port: int, *, reuse_port: bool = False, sock: socket.socket | None = None
-    ) -> int:
-        """Start listening; returns the bound port."""
-        if sock is not None:
-            server = await self.loop.create_server(lambda: HttpProtocol(self), sock=sock)
-        else:
-            server = await self.loop.create_server(
-                lambda: HttpProtocol(self), host, port, reuse_port=reuse_port or None, backlog=4096
-            )
-        self._servers.append(server)
-        bound: int = server.sockets[0].getsockname()[1]
-        return bound
-
-    def stop_accepting(self) -> None:
-        self.draining = True
-        for server in self._servers:
-            server.close()
-
-    async def shutdown(self, grace_s: float) -> None:
-        """Stop accepting, let in-flight exchanges finish within ``grace_s``, then close."""
-        self.stop_accepting()
-        for conn in list(self.connections):
-            conn.shutdown()
-        deadline = self.loop.time() + grace_s
-        while self.connections and self.loop.time() < deadline:
-            for conn in list(self.connections):
-                conn.shutdown()
-            await asyncio.sleep(0.05)
-        for conn in list(self.connections):
-            conn.close()
