@@ -15,7 +15,6 @@ Rounds of the two modes are interleaved. Run: ``pytest benches/bench_relay_read.
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import statistics
 import sys
@@ -27,11 +26,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benches.harness import inprocess
 from benches.harness.inprocess import Bench, EngineTransport
 
 from narwhal.flow import relay
-from narwhal.upstream.connection import EngineConnection
 
 LONG = 256  # content reads of the long answer
 
@@ -94,18 +91,8 @@ class StreamingEngine(EngineTransport):
             i += 1
 
 
-def _connect(bench: Bench) -> Any:
-    async def connect(self: inprocess.LoopbackClient, loop: asyncio.AbstractEventLoop,
-                      deadline: float) -> EngineConnection:
-        conn = EngineConnection(loop, self)
-        conn.connection_made(StreamingEngine(loop, conn, self.bench))
-        return conn
-    return connect
-
-
 def make_bench() -> Bench:
-    inprocess.LoopbackClient._connect = _connect(None)  # type: ignore[method-assign, arg-type]
-    bench = Bench("estimate")
+    bench = Bench("estimate", engine_transport=StreamingEngine)
     bench.reads = answer(1)  # type: ignore[attr-defined]
     bench.run(200)
     return bench

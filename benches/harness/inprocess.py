@@ -107,7 +107,7 @@ class LoopbackClient(EngineClient):
     async def _connect(self, loop: asyncio.AbstractEventLoop,
                        deadline: float) -> EngineConnection:
         conn = EngineConnection(loop, self)
-        conn.connection_made(EngineTransport(loop, conn, self.bench))
+        conn.connection_made(self.bench.engine_transport(loop, conn, self.bench))
         return conn
 
 
@@ -146,9 +146,12 @@ class ClientTransport(asyncio.Transport):
 class Bench:
     """One router on a private loop, and one keep-alive client connection to it."""
 
-    def __init__(self, sizing: str | None, tracing: str | None = None) -> None:
+    def __init__(self, sizing: str | None, tracing: str | None = None,
+                 engine_transport: type[EngineTransport] = EngineTransport) -> None:
         """``tracing``: an OTLP/HTTP endpoint to export every request's spans to
-        (``sample_ratio`` 1.0), or None for tracing off."""
+        (``sample_ratio`` 1.0), or None for tracing off. ``engine_transport``: what answers
+        on each engine connection (``bench_relay_read.py`` streams long answers)."""
+        self.engine_transport = engine_transport
         admission: dict[str, Any] = {"queue_limit": 1024}
         if sizing is not None:
             admission["sizing"] = sizing
